@@ -1,0 +1,6 @@
+"""CLI commands: each module here defines `register(commands, common)`.
+
+`commands` is the argparse subparsers object and `common` the parent parser
+that carries `--fake-devices`. A command sets `run=function(args) -> exit code`
+with `set_defaults`, and may set `default_fake_devices`.
+"""

@@ -1,0 +1,1 @@
+pytest_plugins = ["kdist.pytest_plugin"]
