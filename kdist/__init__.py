@@ -18,6 +18,7 @@ from kdist.devices import fake_devices, fake_devices_from_env as _fake_devices_f
 
 _fake_devices_from_env()
 
+from kdist import models  # noqa: E402,F401  (small example models)
 from kdist.abstract import abstract_model  # noqa: E402
 from kdist.distribution import ShardedDistribution  # noqa: E402
 from kdist.errors import BackendError, FakeDevicesError, KdistError, RuleError, SpecError  # noqa: E402

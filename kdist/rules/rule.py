@@ -6,7 +6,9 @@ the variable's rank needs, so `("...", "model")` shards the last dimension of
 a kernel of any rank. A rule may list several candidate layouts: the first
 whose sharded dimensions all divide by their mesh axes is used. When none
 does, the first candidate is used with its indivisible dimensions replicated,
-and the placement records why. Rules match whole paths (`re.fullmatch`) and
+and the placement records why. Candidates naming a role the mesh lacks (say
+"expert" on a data x model mesh) are passed over while another candidate
+uses only the mesh's roles. Rules match whole paths (`re.fullmatch`) and
 the first matching rule wins.
 """
 
@@ -34,11 +36,14 @@ class Rule:
         layouts: one layout (a tuple of axes) or a list of candidate layouts.
             An empty tuple replicates on purpose.
         note: why the rule exists, shown by the inspector and linter.
+        family: the rule library the rule comes from (e.g. "llama"; several
+            families sharing a rule are joined by ","), empty for user rules.
     """
 
     pattern: str
     layouts: tuple
     note: str = ""
+    family: str = ""
 
     def __post_init__(self):
         layouts = self.layouts
@@ -69,7 +74,14 @@ class Rule:
         data = {"pattern": self.pattern, "layouts": [list(layout) for layout in self.layouts]}
         if self.note:
             data["note"] = self.note
+        if self.family:
+            data["family"] = self.family
         return data
+
+    @property
+    def families(self):
+        """The family names in `family`, as a tuple."""
+        return tuple(f for f in self.family.split(",") if f)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,10 +185,21 @@ class RuleSet:
     def to_dict(self):
         return {"name": self.name, "rules": [r.to_dict() for r in self.rules]}
 
+    def save(self, path):
+        """Write the rule set to a `.json` or `.toml` file (see `kdist.rules.load_rules`)."""
+        from kdist.rules.files import save_rules
+
+        save_rules(self, path)
+
     @classmethod
-    def from_dict(cls, data):
-        rules = [Rule(r["pattern"], [tuple(layout) for layout in r["layouts"]], r.get("note", "")) for r in data["rules"]]
-        return cls(rules, name=data.get("name", "custom"))
+    def from_dict(cls, data, source="rule set"):
+        """Build a rule set from plain data: `{"name": ..., "rules": [{"pattern", "layouts", "note"?, "family"?}]}`.
+
+        `source` names the input in errors (e.g. a file path).
+        """
+        from kdist.rules.files import rules_from_data
+
+        return rules_from_data(data, source)
 
 
 def place_with_rule(rule, path, shape, axis_sizes):
@@ -189,6 +212,13 @@ def place_with_rule(rule, path, shape, axis_sizes):
             "narrow its pattern."
         )
     tried = []
+    usable = [layout for layout in fitting if not _missing_roles(layout, axis_sizes)]
+    if usable and len(usable) < len(fitting):
+        for layout in fitting:
+            if layout not in usable:
+                missing = ", ".join(repr(r) for r in _missing_roles(layout, axis_sizes))
+                tried.append(f"layout {layout}: the mesh has no {missing} axis")
+        fitting = usable
     for layout in fitting:
         axes = _bind(rule, _expand(layout, len(shape)), axis_sizes)
         bad = _indivisible(shape, axes, axis_sizes)
@@ -200,7 +230,13 @@ def place_with_rule(rule, path, shape, axis_sizes):
     axes = _bind(rule, _expand(fitting[0], len(shape)), axis_sizes)
     bad = _indivisible(shape, axes, axis_sizes)
     axes = tuple(None if i in bad else a for i, a in enumerate(axes))
-    return Placement(path, shape, axes, "fallback", rule, tried[0] + ": replicated those dimensions")
+    skipped = len(tried) - len(fitting)
+    reason = "; ".join([*tried[:skipped], tried[skipped] + ": replicated those dimensions"])
+    return Placement(path, shape, axes, "fallback", rule, reason)
+
+
+def _missing_roles(layout, axis_sizes):
+    return [a for a in layout if a in _ROLE_NAMES and a not in axis_sizes]
 
 
 def _bind(rule, layout, axis_sizes):

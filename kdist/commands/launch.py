@@ -1,0 +1,48 @@
+"""`kdist launch`: run a script as N processes of one JAX run on this machine."""
+
+import argparse
+import sys
+
+
+def register(commands, common):
+    launch = commands.add_parser(
+        "launch",
+        help="run a script as N cooperating processes on this machine, each with its own fake CPU devices",
+        description=(
+            "Start N processes of one multi-process JAX run on this machine. Each process gets "
+            "KERAS_DISTRIBUTION_* variables (read by kdist.initialize()), a coordinator on loopback, "
+            "gloo CPU collectives and its own fake CPU devices. Output lines are prefixed with the rank. "
+            "If a process fails the others are stopped and the exit code is non-zero."
+        ),
+        usage="kdist launch [-n N] [--devices-per-process D] [--coordinator HOST:PORT] script.py [args ...]",
+    )
+    launch.add_argument("-n", "--num-processes", type=int, default=2, help="number of processes (default 2)")
+    launch.add_argument(
+        "--devices-per-process", type=int, default=4, metavar="D",
+        help="fake CPU devices per process (default 4; 0 keeps the real devices)",
+    )
+    launch.add_argument("--coordinator", metavar="HOST:PORT", help="coordinator address (default 127.0.0.1 and a free port)")
+    launch.add_argument("--timeout", type=float, help="stop every process after this many seconds")
+    launch.add_argument(
+        "--grace-period", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL when stopping processes (default 5)"
+    )
+    launch.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args], -m module [args], or any command")
+    launch.set_defaults(run=run)
+
+
+def run(args):
+    from kdist.launch import launch
+
+    if not args.command:
+        print("kdist launch: error: give a script to run, e.g. `kdist launch -n 2 train.py`", file=sys.stderr)
+        return 2
+    result = launch(
+        args.command,
+        num_processes=args.num_processes,
+        devices_per_process=args.devices_per_process or None,
+        coordinator_address=args.coordinator,
+        timeout=args.timeout,
+        grace_period=args.grace_period,
+    )
+    print(f"kdist launch: {result.message}", file=sys.stderr)
+    return result.returncode

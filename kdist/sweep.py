@@ -1,0 +1,813 @@
+"""Mesh-shape sweeps: train one model under several meshes and compare them.
+
+For each mesh spec, `sweep` builds the model under `kdist.preset(spec)`,
+compiles the model's own stateless train step (`model.train_step`, jitted the
+way Keras's `fit` jits it) ahead of time, warms it up and times each step with
+the devices synchronised. A shape that cannot run is a failed row with the
+stage and reason, never a crash.
+"""
+
+import dataclasses
+import gc
+import math
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+
+NO_ESTIMATE = "not available (planner not built)"
+MEMORY_FIELDS = ("argument", "output", "alias", "temp")
+
+
+@dataclasses.dataclass
+class SweepRow:
+    """One mesh shape of a sweep. Times are seconds, memory is bytes per device.
+
+    `memory` is XLA's compiled memory analysis of the train step (argument,
+    output, alias, temp, total = argument + output - alias + temp, and peak
+    where jax reports it). `state_bytes` is what `kdist.inspect` counts for
+    the weights and optimizer state on the fullest device. `losses` has one
+    loss per step, warm-up steps first. `direct_step_time` times the same
+    compiled step in a bare loop; `agreement` is `step_time / direct_step_time - 1`.
+    """
+
+    mesh: str
+    axes: dict = dataclasses.field(default_factory=dict)
+    status: str = "ok"
+    failure_stage: str = ""
+    failure: str = ""
+    step_times: list = dataclasses.field(default_factory=list)
+    step_time: float = None
+    step_time_iqr: float = None
+    samples_per_s: float = None
+    tokens_per_s: float = None
+    build_s: float = None
+    compile_s: float = None
+    memory: dict = dataclasses.field(default_factory=dict)
+    state_bytes: int = None
+    estimate_bytes: int = None
+    estimate_note: str = NO_ESTIMATE
+    losses: list = dataclasses.field(default_factory=list)
+    direct_step_time: float = None
+    agreement: float = None
+    loop_overhead_s: float = None
+    wall_s: float = 0.0
+    fastest: bool = False
+
+    @property
+    def ok(self):
+        return self.status == "ok"
+
+    @property
+    def final_loss(self):
+        return self.losses[-1] if self.losses else None
+
+    @property
+    def measured_s(self):
+        """Seconds inside the measured steps."""
+        return float(sum(self.step_times))
+
+    @property
+    def overhead_s(self):
+        """Seconds this shape took outside its measured steps (build, compile, warm-up, checks)."""
+        return self.wall_s - self.measured_s
+
+    def to_dict(self):
+        data = dataclasses.asdict(self)
+        data.update(final_loss=self.final_loss, measured_s=self.measured_s, overhead_s=self.overhead_s)
+        return data
+
+
+@dataclasses.dataclass
+class SweepResult:
+    """What `kdist.sweep` returns: one `SweepRow` per mesh spec, and where it ran.
+
+    Print it (a rich table, fastest shape marked), or save it with
+    `to_csv`, `to_json` and `plot`.
+    """
+
+    rows: list
+    machine: dict
+    settings: dict
+    wall_s: float
+
+    @property
+    def ok_rows(self):
+        return [r for r in self.rows if r.ok]
+
+    @property
+    def failed_rows(self):
+        return [r for r in self.rows if not r.ok]
+
+    @property
+    def fastest(self):
+        """The successful row with the lowest median step time, or None."""
+        return min(self.ok_rows, key=lambda r: r.step_time, default=None)
+
+    def row(self, mesh):
+        """The row of the spec `mesh`."""
+        for r in self.rows:
+            if r.mesh == mesh:
+                return r
+        raise KeyError(f"No row for mesh {mesh!r}; the sweep ran {[r.mesh for r in self.rows]}.")
+
+    @property
+    def measured_s(self):
+        return sum(r.measured_s for r in self.rows)
+
+    @property
+    def overhead(self):
+        """The sweep's own cost: wall time outside the measured steps."""
+        return {
+            "wall_s": self.wall_s,
+            "measured_s": self.measured_s,
+            "overhead_s": self.wall_s - self.measured_s,
+            "overhead_share": (self.wall_s - self.measured_s) / self.wall_s if self.wall_s else 0.0,
+            "loop_overhead_per_step_s": _mean([r.loop_overhead_s for r in self.ok_rows]),
+        }
+
+    @property
+    def note(self):
+        """What the times mean on the machine the sweep ran on."""
+        m = self.machine
+        if m["platform"] != "cpu":
+            return f"{m['device_count']} {m['device_kind']} devices."
+        return (
+            f"{m['device_count']} CPU devices sharing {m['cpu_count']} CPU cores "
+            f"({'fake devices' if m['fake_devices'] else 'host CPU'}): step times say nothing "
+            "about accelerators. Compare losses and memory; time a real run on the target hardware."
+        )
+
+    def to_dict(self):
+        return {
+            "note": self.note,
+            "machine": self.machine,
+            "settings": self.settings,
+            "overhead": self.overhead,
+            "fastest": self.fastest.mesh if self.fastest else None,
+            "rows": [r.to_dict() for r in self.rows],
+        }
+
+    def to_json(self, path):
+        import json
+
+        with open(path, "w") as f:
+            json.dump(_jsonable(self.to_dict()), f, indent=2)
+        return path
+
+    def to_csv(self, path):
+        import csv
+
+        records = [_csv_record(r) for r in self.rows]
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(records[0]) if records else ["mesh"])
+            writer.writeheader()
+            writer.writerows(records)
+        return path
+
+    def plot(self, path=None, title=None):
+        """Step time and memory per mesh shape as a matplotlib figure; saved as PNG when `path` is given."""
+        return _plot(self, path, title)
+
+    def table(self):
+        """The rows as a `rich.table.Table`, fastest shape marked."""
+        return _table(self)
+
+    def __rich_console__(self, console, options):
+        from rich.text import Text
+
+        yield self.table()
+        o = self.overhead
+        yield Text(
+            f"Sweep wall time {o['wall_s']:.1f} s, of which {o['measured_s']:.2f} s in measured steps: "
+            f"overhead {o['overhead_s']:.1f} s ({o['overhead_share']:.0%}: build, compile, warm-up, checks).",
+        )
+        if self.machine["platform"] == "cpu":
+            yield Text(self.note, style="bold yellow")
+
+
+def sweep(
+    build_model,
+    data,
+    meshes="all",
+    *,
+    steps=10,
+    warmup=2,
+    batch_size=None,
+    loss=None,
+    optimizer="adam",
+    rules=None,
+    devices=None,
+    strict=False,
+    device_memory="auto",
+    estimate=None,
+    seed=0,
+    direct_check=True,
+    progress=True,
+    console=None,
+):
+    """Train `build_model()` under each mesh shape and compare step time, memory and losses.
+
+    Each shape gets a fresh model built under `kdist.preset(spec)` from the
+    same seed, trained on the same batches, so the losses of all shapes
+    should agree: a shape whose losses differ lays the model out wrongly.
+
+    Example:
+
+    ```python
+    kdist.fake_devices(8)
+    x = np.random.rand(256, 28, 28, 1).astype("float32")
+    y = np.random.randint(0, 10, 256)
+    result = kdist.sweep(kdist.models.mnist_mlp, (x, y), ["8x1", "4x2", "2x4", "fsdp"],
+                         steps=5, batch_size=64, loss="sparse_categorical_crossentropy")
+    rich.print(result)           # table, fastest marked
+    result.to_csv("sweep.csv"); result.to_json("sweep.json"); result.plot("sweep.png")
+    ```
+
+    Args:
+        build_model: function returning a Keras model (optionally compiled).
+        data: `(x, y)`; `x` may be a dict or list of arrays. Batches of
+            `batch_size` samples are taken in order and reused cyclically.
+        meshes: "all" (every data x model factorisation of the device count,
+            then "dp", "fsdp" and "tp") or a list of mesh specs.
+        steps: measured steps per shape.
+        warmup: steps run before measuring (after compiling).
+        batch_size: global batch size; default: all of `data` as one batch.
+        loss: loss for `model.compile`; None keeps the model's own compile.
+        optimizer: name, instance (cloned for each shape) or function
+            returning one.
+        rules: layout rules for every preset (see `kdist.preset`).
+        devices: devices to build meshes on (default: all).
+        strict: fail a shape when a layout rule had to replicate a dimension
+            it meant to shard (by default kdist replicates it and goes on).
+        device_memory: bytes per device; a shape whose compiled memory needs
+            more fails as "does not fit" before running. "auto": the device's
+            own limit where jax reports one (not on CPU); None: no check.
+        estimate: function `(model, distribution) -> bytes per device` giving
+            a planner's estimate; without one the column says
+            "not available (planner not built)".
+        seed: seed for weights and dropout, the same for every shape.
+        direct_check: also time the compiled step in a bare loop, to check
+            the measured step time (`SweepRow.agreement`).
+        progress: show a progress bar.
+        console: a `rich.console.Console` for the progress bar.
+
+    Returns:
+        A `SweepResult`.
+    """
+    import jax
+    import keras
+
+    specs = _mesh_specs(meshes, devices)
+    x, y = _unpack(data)
+    n = _num_samples(x)
+    batch_size = n if batch_size is None else batch_size
+    if batch_size > n:
+        raise ValueError(f"batch_size={batch_size} is larger than the {n} samples in data; pass more data or a smaller batch_size.")
+    device_memory = _device_memory(device_memory, devices)
+    settings = {
+        "meshes": specs,
+        "steps": steps,
+        "warmup": warmup,
+        "batch_size": batch_size,
+        "loss": _name(loss),
+        "optimizer": _name(optimizer),
+        "rules": getattr(rules, "name", _name(rules)),
+        "strict": strict,
+        "device_memory": device_memory,
+        "seed": seed,
+    }
+    previous = keras.distribution.distribution()
+    start = time.perf_counter()
+    rows = []
+    try:
+        with _progress(progress, console) as bar:
+            task = bar.add_task("sweep", total=len(specs))
+            for spec in specs:
+                def stage(text, spec=spec):
+                    bar.update(task, description=f"{spec}: {text}")
+
+                config = _Config(build_model, x, y, batch_size, steps, warmup, loss, optimizer, rules, devices, strict, device_memory, estimate, seed, direct_check)
+                rows.append(_run_shape(spec, config, stage))
+                bar.advance(task)
+    finally:
+        keras.distribution.set_distribution(previous)
+    wall = time.perf_counter() - start
+    ok = [r for r in rows if r.ok]
+    if ok:
+        min(ok, key=lambda r: r.step_time).fastest = True
+    return SweepResult(rows, machine_info(devices or jax.devices()), settings, wall)
+
+
+def mesh_factorisations(num_devices):
+    """Every "data x model" spec of `num_devices`: ["8x1", "4x2", "2x4", "1x8"] for 8."""
+    return [f"{num_devices // m}x{m}" for m in range(1, num_devices + 1) if num_devices % m == 0]
+
+
+def machine_info(devices=None):
+    """Where a sweep or benchmark ran: platform, CPU count, devices and versions."""
+    import jax
+    import jaxlib
+    import keras
+
+    import kdist
+
+    devices = list(devices) if devices is not None else jax.devices()
+    platform_name = devices[0].platform
+    return {
+        "platform": platform_name,
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "fake_devices": platform_name == "cpu" and len(devices) > 1,
+        "cpu_count": os.cpu_count(),
+        "os": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "keras": keras.__version__,
+        "kdist": kdist.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+# --- one shape -------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Config:
+    build_model: object
+    x: object
+    y: object
+    batch_size: int
+    steps: int
+    warmup: int
+    loss: object
+    optimizer: object
+    rules: object
+    devices: object
+    strict: bool
+    device_memory: int
+    estimate: object
+    seed: int
+    direct_check: bool
+
+
+class _Failed(Exception):
+    def __init__(self, stage, reason):
+        super().__init__(reason)
+        self.stage, self.reason = stage, reason
+
+
+def _run_shape(spec, config, stage):
+    import keras
+
+    row = SweepRow(spec)
+    start = time.perf_counter()
+    keras.backend.clear_session(free_memory=False)  # same layer names and seed state for every shape
+    gc.collect()
+    try:
+        _measure(row, spec, config, stage)
+    except _Failed as e:
+        row.status, row.failure_stage, row.failure = "failed", e.stage, e.reason
+    row.wall_s = time.perf_counter() - start
+    return row
+
+
+def _measure(row, spec, config, stage):
+    import jax
+    import keras
+
+    import kdist
+
+    stage("building")
+    distribution = _attempt("spec", lambda: kdist.preset(spec, devices=config.devices, rules=config.rules))
+    row.axes = dict(zip(distribution.device_mesh.axis_names, (int(s) for s in distribution.device_mesh.shape)))
+    shards = distribution.num_model_replicas
+    if config.batch_size % shards:
+        raise _Failed(
+            "data",
+            f"batch size {config.batch_size} does not split over the {shards} batch shards of mesh "
+            f"{spec!r} ({_batch_axes(distribution)}); use a batch size divisible by {shards}.",
+        )
+    with distribution.scope():
+        t = time.perf_counter()
+        batches = _batches(config, distribution)
+        model = _attempt("build", lambda: _build(config, batches[0]))
+        row.build_s = time.perf_counter() - t
+        if config.strict:
+            _check_strict(spec, distribution)
+        report = kdist.inspect(model, distribution)
+        row.state_bytes = int(report.device_bytes().max())
+        if config.estimate is not None:
+            row.estimate_bytes, row.estimate_note = int(config.estimate(model, distribution)), "planner estimate"
+        stage("compiling")
+        t = time.perf_counter()
+        state = _state(model)
+        compiled = _attempt("compile", lambda: _compile(model, state, batches[0]))
+        row.compile_s = time.perf_counter() - t
+        row.memory = _memory(compiled)
+        _check_fits(spec, row.memory, config.device_memory)
+        stage("warming up")
+        reset = _metrics_reset(state)
+        state, _, warm_losses, _ = _attempt("run", lambda: _steps(compiled, state, batches, reset, config.warmup, 0))
+        stage("timing")
+        state, times, losses, loop_overhead = _attempt(
+            "run", lambda: _steps(compiled, state, batches, reset, config.steps, config.warmup)
+        )
+        row.losses = warm_losses + losses
+        row.step_times = times
+        if times:
+            row.step_time = statistics.median(times)
+            q = np.percentile(times, [25, 75])
+            row.step_time_iqr = float(q[1] - q[0])
+            row.samples_per_s = config.batch_size / row.step_time
+            tokens = _tokens_per_sample(config.x)
+            row.tokens_per_s = tokens * config.batch_size / row.step_time if tokens else None
+            row.loop_overhead_s = loop_overhead / len(times)
+        if config.direct_check and times:
+            stage("checking")
+            direct = _direct_times(compiled, state, batches[0], config.steps)
+            row.direct_step_time = statistics.median(direct)
+            row.agreement = row.step_time / row.direct_step_time - 1
+
+
+def _attempt(stage, fn):
+    try:
+        return fn()
+    except _Failed:
+        raise
+    except Exception as e:  # a failed shape is a row, not a crash
+        raise _Failed(stage, _describe(e)) from e
+
+
+def _describe(error):
+    text = str(error).strip().splitlines()
+    first = next((line for line in text if line.strip()), "")
+    return f"{type(error).__name__}: {first[:400]}"
+
+
+def _batch_axes(distribution):
+    sizes = dict(zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape))
+    axes = distribution.batch_axes
+    return " x ".join(f"{a}={sizes[a]}" for a in axes) if axes else "no batch axis"
+
+
+def _build(config, batch):
+    import keras
+
+    keras.utils.set_random_seed(config.seed)
+    model = config.build_model()
+    if config.loss is not None:
+        model.compile(optimizer=_optimizer(config.optimizer), loss=config.loss)
+    elif not getattr(model, "compiled", False):
+        raise _Failed(
+            "build",
+            "the model is not compiled and sweep() received loss=None: pass loss=... "
+            "(e.g. loss='sparse_categorical_crossentropy') or compile the model in build_model.",
+        )
+    model._symbolic_build(data_batch=batch)  # what fit() does first: builds the optimizer and metrics
+    return model
+
+
+def _optimizer(optimizer):
+    import keras
+
+    if callable(optimizer) and not isinstance(optimizer, keras.optimizers.Optimizer):
+        return optimizer()
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))  # one per shape
+    return optimizer
+
+
+def _check_strict(spec, distribution):
+    sizes = distribution.axis_sizes
+    fsdp = sizes.get("fsdp", (None,))[0]
+    unfit = []
+    for p in distribution.placements.values():
+        if p.source != "fallback" or p.rule is None:
+            continue
+        wanted = sum(1 for a in p.rule.layouts[0] if a in sizes and sizes[a][1] > 1)
+        got = sum(1 for a in p.axes if a is not None and a != fsdp)
+        if got < wanted:
+            unfit.append(f"{p.path} {p.shape}: {p.reason}")
+    if unfit:
+        more = f" (and {len(unfit) - 3} more)" if len(unfit) > 3 else ""
+        raise _Failed(
+            "layout",
+            f"mesh {spec!r} cannot divide the model as the rules ask (strict=True): "
+            + "; ".join(unfit[:3]) + more,
+        )
+
+
+def _state(model):
+    return (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in model.optimizer.variables],
+        [v.value for v in model.metrics_variables],
+    )
+
+
+def _compile(model, state, batch):
+    import jax
+
+    shardings = jax.tree.map(lambda a: a.sharding, state)
+    # As Keras's make_train_function: the state is donated and keeps its shardings.
+    step = jax.jit(model.train_step, donate_argnums=0, out_shardings=(None, shardings))
+    return step.lower(state, batch).compile()
+
+
+def _memory(compiled):
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        return {}
+    memory = {k: int(getattr(analysis, f"{k}_size_in_bytes")) for k in MEMORY_FIELDS}
+    memory["total"] = memory["argument"] + memory["output"] - memory["alias"] + memory["temp"]
+    peak = getattr(analysis, "peak_memory_in_bytes", None)
+    if peak is not None:
+        memory["peak"] = int(peak)
+    return memory
+
+
+def _check_fits(spec, memory, device_memory):
+    if device_memory is None or not memory:
+        return
+    need = memory.get("peak", memory["total"])
+    if need > device_memory:
+        from kdist.render import human_bytes
+
+        raise _Failed(
+            "memory",
+            f"mesh {spec!r} does not fit: the compiled step needs {human_bytes(need)} per device, "
+            f"the device has {human_bytes(device_memory)}.",
+        )
+
+
+def _metrics_reset(state):
+    """Host copies of the metric variables as they are before a step: each step starts from them,
+    so the loss a step reports is its own, not a running mean."""
+    return [(np.asarray(v), v.sharding) for v in state[3]]
+
+
+def _steps(compiled, state, batches, reset, count, offset):
+    """Run `count` steps, each timed alone. Returns the state, step times, losses and loop overhead."""
+    import jax
+
+    times, losses = [], []
+    loop_start = time.perf_counter()
+    for i in range(count):
+        batch = batches[(offset + i) % len(batches)]
+        state = (*state[:3], [jax.device_put(value, sharding) for value, sharding in reset])
+        start = time.perf_counter()
+        logs, state = compiled(state, batch)
+        jax.block_until_ready((logs, state))
+        times.append(time.perf_counter() - start)
+        losses.append(float(logs["loss"]))
+    return state, times, losses, time.perf_counter() - loop_start - sum(times)
+
+
+def _direct_times(compiled, state, batch, count):
+    """The same compiled step timed in a bare loop: no batch cycling, metric reset or loss readout."""
+    import jax
+
+    times = []
+    for _ in range(max(count, 1)):
+        start = time.perf_counter()
+        logs, state = compiled(state, batch)
+        jax.block_until_ready((logs, state))
+        times.append(time.perf_counter() - start)
+    return times
+
+
+# --- data --------------------------------------------------------------------
+
+
+def _unpack(data):
+    if isinstance(data, tuple) and len(data) == 2:
+        return data
+    raise TypeError(
+        f"data must be a tuple (x, y) of arrays (x may be a dict or list of arrays); received {type(data).__name__}."
+    )
+
+
+def _leaves(x):
+    import keras
+
+    return keras.tree.flatten(x)
+
+
+def _num_samples(x):
+    sizes = {len(leaf) for leaf in _leaves(x)}
+    if len(sizes) != 1:
+        raise ValueError(f"The arrays in data have different numbers of samples: {sorted(sizes)}.")
+    return sizes.pop()
+
+
+def _batches(config, distribution):
+    """The batches of a run, already laid out on the mesh (so steps time compute, not transfer)."""
+    import keras
+
+    count = min(_num_samples(config.x) // config.batch_size, max(config.steps + config.warmup, 1))
+
+    def put(array, i):
+        array = np.asarray(array[i * config.batch_size : (i + 1) * config.batch_size])
+        return keras.distribution.distribute_tensor(array, distribution.get_data_layout(array.shape))
+
+    return [(*keras.tree.map_structure(lambda a, i=i: put(a, i), (config.x, config.y)), None) for i in range(count)]
+
+
+def _tokens_per_sample(x):
+    """Tokens per sample for sequence inputs (integer ids of rank >= 2), else None."""
+    for leaf in _leaves(x):
+        leaf = np.asarray(leaf[:1])
+        if np.issubdtype(leaf.dtype, np.integer) and leaf.ndim >= 2:
+            return math.prod(leaf.shape[1:])
+    return None
+
+
+# --- settings ----------------------------------------------------------------
+
+
+def _mesh_specs(meshes, devices):
+    import jax
+
+    if isinstance(meshes, str):
+        if meshes != "all":
+            raise ValueError(f'meshes must be "all" or a list of mesh specs such as ["8x1", "2x4"]; received {meshes!r}.')
+        n = len(devices) if devices is not None else jax.device_count()
+        return [*mesh_factorisations(n), "dp", "fsdp", "tp"]
+    specs = list(meshes)
+    if not specs:
+        raise ValueError("meshes is empty: pass \"all\" or at least one mesh spec.")
+    duplicated = sorted({s for s in specs if specs.count(s) > 1})
+    if duplicated:
+        raise ValueError(f"meshes lists {duplicated[0]!r} twice.")
+    return specs
+
+
+def _device_memory(device_memory, devices):
+    if device_memory != "auto":
+        return device_memory
+    import jax
+
+    device = (devices or jax.devices())[0]
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:
+        stats = {}
+    return stats.get("bytes_limit")
+
+
+def _progress(enabled, console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, disable=not enabled, transient=True,
+    )
+
+
+def _name(obj):
+    if obj is None or isinstance(obj, str):
+        return obj
+    return getattr(obj, "name", None) or getattr(obj, "__name__", None) or type(obj).__name__
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def _csv_record(row):
+    ms = lambda s: None if s is None else round(s * 1e3, 4)  # noqa: E731
+    return {
+        "mesh": row.mesh,
+        "axes": " ".join(f"{k}={v}" for k, v in row.axes.items()),
+        "status": row.status,
+        "fastest": row.fastest,
+        "step_time_ms": ms(row.step_time),
+        "step_time_iqr_ms": ms(row.step_time_iqr),
+        "samples_per_s": row.samples_per_s,
+        "tokens_per_s": row.tokens_per_s,
+        "build_s": row.build_s,
+        "compile_s": row.compile_s,
+        **{f"memory_{k}_bytes": row.memory.get(k) for k in (*MEMORY_FIELDS, "total", "peak")},
+        "state_bytes": row.state_bytes,
+        "estimate_bytes": row.estimate_bytes,
+        "estimate_note": row.estimate_note,
+        "final_loss": row.final_loss,
+        "losses": " ".join(f"{v:.6g}" for v in row.losses),
+        "direct_step_time_ms": ms(row.direct_step_time),
+        "agreement": row.agreement,
+        "loop_overhead_ms": ms(row.loop_overhead_s),
+        "wall_s": row.wall_s,
+        "overhead_s": row.overhead_s,
+        "failure_stage": row.failure_stage,
+        "failure": row.failure,
+    }
+
+
+# --- rendering ---------------------------------------------------------------
+
+
+def _table(result):
+    from rich.table import Table
+
+    from kdist.render import human_bytes
+
+    has_tokens = any(r.tokens_per_s for r in result.rows)
+    m = result.machine
+    table = Table(
+        title=f"Mesh sweep: {m['device_count']} {m['platform']} devices, batch {result.settings['batch_size']}, "
+        f"{result.settings['steps']} timed steps",
+        title_justify="left",
+    )
+    columns = ["mesh", "axes", "step ms (median ± IQR)", "samples/s"]
+    columns += ["tokens/s"] if has_tokens else []
+    columns += ["compile s", "XLA memory/device", "weights+opt/device", "estimate", "final loss", "step check", "notes"]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("mesh", "axes", "estimate", "notes") else "right")
+    for r in result.rows:
+        axes = " ".join(f"{k}={v}" for k, v in r.axes.items())
+        if not r.ok:
+            cells = [r.mesh, axes, "-", "-"] + (["-"] if has_tokens else []) + ["-"] * 7
+            cells[-1] = f"[red]failed ({r.failure_stage})[/]: {r.failure}"
+            table.add_row(*cells)
+            continue
+        cells = [
+            r.mesh + (" ★" if r.fastest else ""),
+            axes,
+            f"{r.step_time * 1e3:.2f} ± {r.step_time_iqr * 1e3:.2f}",
+            f"{r.samples_per_s:,.0f}",
+        ]
+        cells += [f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "-"] if has_tokens else []
+        memory = r.memory.get("peak", r.memory.get("total"))
+        cells += [
+            f"{r.compile_s:.2f}",
+            human_bytes(memory) if memory is not None else "n/a",
+            human_bytes(r.state_bytes),
+            human_bytes(r.estimate_bytes) if r.estimate_bytes is not None else r.estimate_note,
+            f"{r.final_loss:.5f}",
+            f"{r.agreement:+.1%}" if r.agreement is not None else "-",
+            "fastest" if r.fastest else "",
+        ]
+        table.add_row(*cells, style="bold green" if r.fastest else None)
+    table.caption = (
+        "★ fastest median step. XLA memory: compiled train step, per device (peak where jax reports it). "
+        "step check: measured step time vs the same compiled step timed in a bare loop."
+    )
+    return table
+
+
+def _plot(result, path, title):
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    rows = result.rows
+    names = [r.mesh for r in rows]
+    positions = np.arange(len(rows))
+    fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(max(8, 1.3 * len(rows) + 4), 4.2))
+    step = [r.step_time * 1e3 if r.ok else 0 for r in rows]
+    spread = [r.step_time_iqr * 1e3 / 2 if r.ok else 0 for r in rows]
+    colors = ["tab:green" if r.fastest else ("tab:blue" if r.ok else "lightgray") for r in rows]
+    time_ax.bar(positions, step, yerr=spread, color=colors, capsize=3)
+    time_ax.set_ylabel("step time, ms (median, bar: IQR)")
+    time_ax.set_title("Step time per mesh shape")
+    width = 0.4
+    xla = [r.memory.get("peak", r.memory.get("total", 0)) / 2**20 if r.ok else 0 for r in rows]
+    state = [(r.state_bytes or 0) / 2**20 if r.ok else 0 for r in rows]
+    memory_ax.bar(positions - width / 2, xla, width, label="XLA compiled step", color="tab:orange")
+    memory_ax.bar(positions + width / 2, state, width, label="weights + optimizer", color="tab:purple")
+    memory_ax.set_ylabel("MiB per device")
+    memory_ax.set_title("Memory per device")
+    memory_ax.legend(fontsize="small")
+    for ax in (time_ax, memory_ax):
+        ax.set_xticks(positions, names, rotation=30, ha="right")
+        for i, r in enumerate(rows):
+            if not r.ok:
+                ax.annotate("failed", (i, 0), ha="center", va="bottom", color="red", fontsize="small", rotation=90)
+    heading = title or "kdist sweep"
+    if result.machine["platform"] == "cpu":
+        heading += f"\n{result.machine['device_count']} fake CPU devices: times say nothing about accelerators"
+    fig.suptitle(heading, fontsize="medium")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig

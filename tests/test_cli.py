@@ -1,0 +1,35 @@
+import os
+import subprocess
+import sys
+
+from tests.subprocess_utils import _INHERITED
+
+
+def _kdist(*args, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    env["COLUMNS"] = "120"
+    return subprocess.run(
+        [sys.executable, "-m", "kdist.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def test_demo_trains_and_reports_placement_on_eight_fake_devices():
+    result = _kdist("demo", "--steps", "3")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "8 cpu devices, preset '2x4'" in out
+    assert "trained 3 steps" in out
+    assert "mlp/d1/kernel" in out and "(·, model)" in out
+    assert "Memory per device" in out and "cpu:7" in out
+
+
+def test_demo_with_another_mesh_and_device_count():
+    result = _kdist("demo", "--mesh", "tp", "--fake-devices", "4", "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    assert "4 cpu devices, preset 'tp'" in result.stdout
+
+
+def test_bad_spec_exits_with_a_clear_error():
+    result = _kdist("demo", "--mesh", "2x3")
+    assert result.returncode == 2
+    assert "kdist: error: Mesh spec '2x3' asks for 6 devices" in result.stderr

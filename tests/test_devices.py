@@ -1,0 +1,51 @@
+import jax
+import pytest
+
+import kdist
+from kdist import FakeDevicesError
+from tests.subprocess_utils import run_python
+
+
+def test_suite_runs_on_eight_fake_devices():
+    assert jax.device_count() == 8
+    assert {d.platform for d in jax.devices()} == {"cpu"}
+
+
+def test_same_count_again_is_a_no_op():
+    kdist.fake_devices(8)
+    assert jax.device_count() == 8
+
+
+def test_other_count_after_initialisation_says_how_to_fix():
+    with pytest.raises(FakeDevicesError, match=r"after JAX initialised with 8 cpu device\(s\).*before anything imports jax"):
+        kdist.fake_devices(4)
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5, "8", True])
+def test_bad_count(n):
+    with pytest.raises(ValueError, match="positive integer"):
+        kdist.fake_devices(n)
+
+
+def test_before_jax_imports_in_a_fresh_process():
+    result = run_python("import kdist; kdist.fake_devices(4); import jax; print(jax.device_count())")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "4"
+
+
+def test_after_jax_import_but_before_initialisation():
+    result = run_python("import jax, kdist; kdist.fake_devices(3); print(len(jax.devices()))")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "3"
+
+
+def test_environment_variable():
+    result = run_python("import kdist, jax; print(jax.device_count())", env={"KDIST_FAKE_DEVICES": "6"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "6"
+
+
+def test_bad_environment_variable_names_it():
+    result = run_python("import kdist", env={"KDIST_FAKE_DEVICES": "eight"})
+    assert result.returncode != 0
+    assert "KDIST_FAKE_DEVICES='eight' is not an integer" in result.stderr
