@@ -1,10 +1,10 @@
 """Small Keras models used by the demo, the tests and the benchmarks."""
 
+import keras
+
 
 def mnist_mlp():
     """The Keras distribution guide's MNIST-sized MLP."""
-    import keras
-
     return keras.Sequential(
         [
             keras.Input(shape=(28, 28, 1)),
@@ -19,8 +19,6 @@ def mnist_mlp():
 
 def small_cnn():
     """A small CNN for 28x28x1 images and 10 classes."""
-    import keras
-
     return keras.Sequential(
         [
             keras.Input(shape=(28, 28, 1)),
@@ -34,15 +32,23 @@ def small_cnn():
     )
 
 
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned embedding of each position to a (batch, sequence, features) input."""
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(shape=tuple(input_shape[1:]), initializer="glorot_uniform", name="embeddings")
+
+    def call(self, x):
+        return x + self.embeddings
+
+
 def tiny_transformer(vocabulary_size=512, sequence_length=32, hidden_dim=64, num_heads=4, num_layers=2):
     """A tiny decoder-only language model built from Keras core layers."""
-    import keras
     from keras import layers
 
     tokens = keras.Input(shape=(sequence_length,), dtype="int32", name="tokens")
     x = layers.Embedding(vocabulary_size, hidden_dim, name="token_embedding")(tokens)
-    positions = layers.Embedding(sequence_length, hidden_dim, name="position_embedding")(keras.ops.arange(sequence_length))
-    x = x + positions
+    x = PositionEmbedding(name="position_embedding")(x)
     for i in range(num_layers):
         h = layers.LayerNormalization(name=f"block_{i}_attention_norm")(x)
         h = layers.MultiHeadAttention(num_heads, hidden_dim // num_heads, name=f"block_{i}_attention")(h, h, use_causal_mask=True)
