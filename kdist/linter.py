@@ -18,8 +18,9 @@ import json
 import math
 import re
 
+from kdist.parallel_dims import ROLES
 from kdist.rules.binding import bind_mesh
-from kdist.rules.rule import ELLIPSIS, Rule, RuleSet, _bind, _expand, _fits_rank, _indivisible, place_with_rule
+from kdist.rules.rule import ELLIPSIS, Rule, RuleSet, _bind, _expand, _fits_rank, place_with_rule
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITIES = (ERROR, WARNING, INFO)
@@ -130,6 +131,10 @@ class LintReport:
     def to_json(self, **kwargs):
         return json.dumps(self.to_dict(), **kwargs)
 
+    def __repr__(self):
+        c = self.counts()
+        return f"<LintReport ok={self.ok} errors={c[ERROR]} warnings={c[WARNING]} info={c[INFO]} rules={self.summary.get('rules')!r}>"
+
     def __str__(self):
         c = self.counts()
         head = f"kdist lint: {c[ERROR]} error(s), {c[WARNING]} warning(s), {c[INFO]} info"
@@ -157,7 +162,9 @@ def lint(rules, model_or_variables, mesh=None, *, size_threshold=SIZE_THRESHOLD,
     ```
 
     Args:
-        rules: a `kdist.RuleSet`, a list of `(pattern, axes)` pairs, a
+        rules: a `kdist.RuleSet`, a list of `(pattern, axes)` pairs, "auto"
+            (the rules `kdist.preset(spec)` uses by default), a rule set name
+            ("keras-core", "llama", ...) or the path of a rules file, a
             `keras.distribution.LayoutMap`, a `kdist.ShardedDistribution` or a
             `keras.distribution.ModelParallel`.
         model_or_variables: a Keras model or layer, or its variables.
@@ -178,8 +185,13 @@ def lint(rules, model_or_variables, mesh=None, *, size_threshold=SIZE_THRESHOLD,
     findings, placements = checker.check(variables, _output_paths(model_or_variables))
     summary = _summary(checker, variables, placements, size_threshold, top)
     findings += _sharding_findings(checker, summary, size_threshold, tolerance)
-    findings.sort(key=lambda f: (SEVERITIES.index(f.severity), f.code, f.rule or "", f.path or ""))
+    findings.sort(key=lambda f: (SEVERITIES.index(f.severity), f.code, f.rule or "", _natural(f.path or "")))
     return LintReport(findings, summary, placements)
+
+
+def _natural(path):
+    """Sort key that puts layer_2 before layer_10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
 
 
 # ---------------------------------------------------------------------------
@@ -293,6 +305,9 @@ def _checker(rules, mesh):
         return _LayoutMapChecker(layout_map, _mesh(mesh, rules.device_mesh))
     if isinstance(rules, LayoutMap):
         return _LayoutMapChecker(rules, _mesh(mesh, rules.device_mesh))
+    if isinstance(rules, str) or hasattr(rules, "__fspath__"):
+        lint_mesh = _mesh(mesh)
+        return _RuleSetChecker(_named_rules(rules, lint_mesh), lint_mesh)
     if isinstance(rules, RuleSet):
         return _RuleSetChecker(rules, _mesh(mesh))
     if isinstance(rules, (list, tuple)):
@@ -301,6 +316,13 @@ def _checker(rules, mesh):
         "lint() checks a kdist.RuleSet, a list of (pattern, axes) pairs, a keras.distribution.LayoutMap, "
         f"a kdist.ShardedDistribution or a keras ModelParallel; received {type(rules).__name__}."
     )
+
+
+def _named_rules(name, mesh):
+    """The rules `kdist.preset(spec, rules=name)` uses on a mesh with these roles: "auto", a rule set name or a file."""
+    from kdist.presets import _rule_set
+
+    return _rule_set(name, mesh)
 
 
 # ---------------------------------------------------------------------------
@@ -321,16 +343,20 @@ class _RuleSetChecker:
         self.winners = {}  # variable path -> the pattern of the rule that laid it out
 
     def _valid_rules(self, rules):
+        """Rules as `Rule`s; a (pattern, axes) pair whose pattern is not a regex becomes a KD105 finding."""
         valid = []
         for rule in rules:
-            if isinstance(rule, Rule):
-                valid.append(rule)
-                continue
-            try:
-                valid.append(Rule(*rule))
-            except Exception as e:  # RuleError, or a malformed pair
-                pattern = rule[0] if isinstance(rule, (list, tuple)) and rule else repr(rule)
-                self.findings.append(Finding("KD105", ERROR, f"{e} Fix the pattern; the rule was skipped.", rule=str(pattern)))
+            if not isinstance(rule, Rule):
+                try:
+                    re.compile(rule[0])
+                except re.error as e:
+                    self.findings.append(Finding(
+                        "KD105", ERROR, f"Rule {rule[0]!r} is not a valid regex ({e}). Fix or re.escape it; the rule was skipped.",
+                        rule=rule[0],
+                    ))
+                    continue
+                rule = Rule(*rule)
+            valid.append(rule)
         return valid
 
     def check(self, variables, output_paths=()):
@@ -352,14 +378,21 @@ class _RuleSetChecker:
             axes = self._place(v, winner, findings)
             if axes is not None:
                 placements[v.path] = axes
+        unused_library = []
         for rule in self.rules:
-            findings += self._rule_findings(rule, matched[rule], won[rule], variables)
+            if not matched[rule] and self._is_library(rule):
+                unused_library.append(rule)
+            else:
+                findings += self._rule_findings(rule, matched[rule], won[rule], variables)
+        if unused_library:
+            findings.append(_unused_library_finding(unused_library))
         return findings, placements
+
+    def _is_library(self, rule):
+        return bool(getattr(rule, "family", "")) or rule in self.library
 
     def _axis_findings(self, rule, findings):
         names = set(self.mesh.axis_names)
-        from kdist.parallel_dims import ROLES
-
         unknown = sorted({a for layout in rule.layouts for a in layout if a not in (None, ELLIPSIS) and a not in names and a not in ROLES})
         for axis in unknown:
             findings.append(Finding(
@@ -390,14 +423,22 @@ class _RuleSetChecker:
         if placement.source == "fallback":
             findings.append(self._fallback_finding(v, rule, placement))
         if _LORA.fullmatch(v.path) and placement.sharded:
-            findings.append(Finding(
-                "KD205", WARNING,
-                f"LoRA weight {v.path!r} {v.shape} is sharded {placement.axes} by rule {rule.pattern!r}. LoRA adapters are "
-                "small and low-rank; sharding them adds collectives for no memory gain. Put r'(.*/)?lora_kernel_[ab]' -> () "
-                "before this rule.",
-                path=v.path, rule=rule.pattern,
-            ))
+            findings.append(self._lora_finding(v, rule, placement.axes))
         return self._fsdp(v, placement.axes)
+
+    def _lora_finding(self, v, rule, axes):
+        if self._is_library(rule):  # kdist.rules.with_lora: sharded on request
+            return Finding(
+                "KD205", INFO, f"LoRA weight {v.path!r} {v.shape} is sharded {axes} on request (kdist.rules.with_lora).",
+                path=v.path, rule=rule.pattern,
+            )
+        return Finding(
+            "KD205", WARNING,
+            f"LoRA weight {v.path!r} {v.shape} is sharded {axes} by rule {rule.pattern!r}. LoRA adapters are small and "
+            "low-rank; sharding them adds collectives for no memory gain. Put r'(.*/)?lora_kernel_[ab]' -> () before "
+            "this rule.",
+            path=v.path, rule=rule.pattern,
+        )
 
     def _fallback_finding(self, v, rule, placement):
         candidates = [_bind(rule, _expand(layout, len(v.shape)), self.axis_sizes) for layout in rule.layouts if _fits_rank(layout, len(v.shape))]
@@ -428,16 +469,14 @@ class _RuleSetChecker:
             partial = [v.path for v in variables if _partial_match(rule._regex, v.path)]
             if partial:
                 return [_partial_finding(rule.pattern, partial)]
-            library = rule in self.library
             return [Finding(
-                "KD201", INFO if library else WARNING,
-                f"Rule {rule.pattern!r} matches no variable of this model"
-                + (" (a kdist library rule for layers this model does not have)." if library else
-                   ". Check the pattern against the variable paths (`[v.path for v in model.variables]`) or remove it."),
+                "KD201", WARNING,
+                f"Rule {rule.pattern!r} matches no variable of this model, so it does nothing. Check the pattern against "
+                "the variable paths (`[v.path for v in model.variables]`; rules match whole paths) or remove it.",
                 rule=rule.pattern,
             )]
         out = []
-        if not won:
+        if not won and not self._is_library(rule):
             earlier = sorted({r.pattern for v in matched for r in self.rules if r.matches(v.path)} - {rule.pattern})
             out.append(Finding(
                 "KD301", INFO,
@@ -445,7 +484,8 @@ class _RuleSetChecker:
                 f"{earlier} take them all (first match wins), so it never applies. Move it before them or narrow them.",
                 path=matched[0].path, rule=rule.pattern,
             ))
-        missing = sorted({a for layout in rule.layouts for a in layout if a in _WEIGHT_ROLES and a not in self.axis_sizes})
+        missing = [sorted(a for a in layout if a in _WEIGHT_ROLES and a not in self.axis_sizes) for layout in rule.layouts]
+        missing = sorted({a for m in missing for a in m}) if all(missing) else []
         if won and missing:
             out.append(Finding(
                 "KD303", INFO,
@@ -457,8 +497,20 @@ class _RuleSetChecker:
         return out
 
 
+def _unused_library_finding(rules):
+    return Finding(
+        "KD201", INFO,
+        f"{len(rules)} rule(s) of kdist's rule libraries match no variable of this model: they are for layers it "
+        "does not have. Nothing to fix.",
+    )
+
+
 def _library_rules():
-    """Rules shipped in kdist's rule libraries: unused ones are expected, not suspicious."""
+    """Rules of the rule sets `kdist.rules` exports (library rules also carry a `family`).
+
+    A library rule that matches nothing is expected (the model lacks that
+    layer), not suspicious.
+    """
     import kdist.rules
 
     rules = set()
@@ -478,7 +530,7 @@ class _LayoutMapChecker:
         self.name = "layout-map"
         self.findings = []
         self.winners = {}
-        self.keys = {}  # key -> (compiled regex or None, axes)
+        self.keys = {}  # key -> (compiled regex, axes); keys that are no regex are KD105 findings
         for key, layout in layout_map._layout_map.items():
             axes = tuple(getattr(layout, "axes", layout))
             try:
@@ -649,8 +701,8 @@ def _sharding_findings(checker, summary, size_threshold, tolerance):
     findings = [
         Finding(
             "KD203", WARNING,
-            f"{v.path!r} {v.shape} ({_mib(v.nbytes)}) is replicated on every weight axis ({axes}), above the "
-            f"{_mib(size_threshold)} threshold: each device holds all of it. "
+            f"{v.path!r} {v.shape} ({_bytes(v.nbytes)}) is replicated on every weight axis ({axes}), above the "
+            f"{_bytes(size_threshold)} threshold: each device holds all of it. "
             + (f"Rule {checker.winners[v.path]!r} replicates it: shard one of its dimensions instead."
                if checker.winners.get(v.path) else "No rule matches it: add one that shards one of its dimensions."),
             path=v.path, rule=checker.winners.get(v.path),
@@ -659,10 +711,10 @@ def _sharding_findings(checker, summary, size_threshold, tolerance):
     ]
     share = summary["replicated_share"]
     if share > tolerance:
-        worst = ", ".join(f"{t['path']} ({_mib(t['bytes'])})" for t in summary["top_replicated"])
+        worst = ", ".join(f"{t['path']} ({_bytes(t['bytes'])})" for t in summary["top_replicated"])
         findings.append(Finding(
             "KD204", WARNING,
-            f"{share:.1%} of parameter bytes are in variables of at least {_mib(size_threshold)} replicated on every "
+            f"{share:.1%} of parameter bytes are in variables of at least {_bytes(size_threshold)} replicated on every "
             f"weight axis ({axes}), above the {tolerance:.0%} tolerance. Largest: {worst}. Add rules for them.",
         ))
     return findings
@@ -672,8 +724,10 @@ def _flat(axes):
     return [n for a in axes for n in _axis_names(a)]
 
 
-def _mib(n):
-    return f"{n / 2**20:.2f} MiB"
+def _bytes(n):
+    from kdist.render import human_bytes
+
+    return human_bytes(n)
 
 
 # ---------------------------------------------------------------------------
@@ -707,12 +761,14 @@ def _renderables(report, per_group=3):
     for (code, rule), group in itertools.groupby(report.findings, key=lambda f: (f.code, f.rule)):
         group = list(group)
         for f in group[:per_group]:
-            table.add_row(Text(f.severity, style=_STYLES[f.severity]), f"{f.code}\n{f.name}", _where(f.path, f.rule), f.message)
+            table.add_row(Text(f.severity, style=_STYLES[f.severity]), Text(f"{f.code}\n{f.name}"), _where(f.path, f.rule), Text(f.message))
         if len(group) > per_group:
             more = len(group) - per_group
-            table.add_row("", "", _where(f"... and {more} more", rule), "the same finding for more variables (see to_json() or --json)")
+            table.add_row("", "", _where(f"... and {more} more", rule), Text("the same finding for more variables (see to_json() or --json)"))
     yield table
 
 
 def _where(path, rule):
-    return "\n".join([*([path] if path else []), *([f"rule: {rule}"] if rule else [])])
+    from rich.text import Text
+
+    return Text("\n".join([*([path] if path else []), *([f"rule: {rule}"] if rule else [])]))
