@@ -5,7 +5,7 @@ import numpy as np
 from kdist.distribution import ShardedDistribution
 from kdist.errors import SpecError
 from kdist.parallel_dims import ParallelDims
-from kdist.rules import KERAS_CORE, Rule, RuleSet
+from kdist.rules import AUTO, Rule, RuleSet, get_rules
 
 
 def mesh(spec, *, devices=None, axis_names=None):
@@ -33,7 +33,7 @@ def mesh(spec, *, devices=None, axis_names=None):
     return _build(spec, devices, axis_names)[1]
 
 
-def preset(spec, *, devices=None, axis_names=None, rules=None):
+def preset(spec, *, devices=None, axis_names=None, rules=None, model=None, **plan_options):
     """Build a `keras.distribution.Distribution` from a spec string.
 
     Presets with a model or expert axis shard variables with layout rules:
@@ -51,14 +51,44 @@ def preset(spec, *, devices=None, axis_names=None, rules=None):
     ```
 
     Args:
-        spec: see `kdist.mesh`. "auto" is reserved for the planner.
+        spec: see `kdist.mesh`. "auto" asks `kdist.plan` for the best mesh of
+            the devices for `model` and uses its recommendation:
+            `kdist.preset("auto", model=model, batch_size=64)`.
         devices: see `kdist.mesh`.
         axis_names: see `kdist.mesh`.
         rules: a `kdist.RuleSet`, a `keras.distribution.LayoutMap`, a list of
-            `(pattern, axes)` pairs, or None / "auto" for the default rules.
+            `(pattern, axes)` pairs, the name of a rule set ("llama", "gemma",
+            "keras-core", ...: see `kdist.get_rules`), the path of a `.json` or
+            `.toml` rules file, or None / "auto" (the default): every keras-hub
+            family's rules, then the Keras core rules, so the variable paths
+            pick the family.
+        model: with "auto": the model to plan for (built, possibly abstractly).
+        **plan_options: with "auto": `batch_size` (required) and the other
+            keyword arguments of `kdist.plan` (sequence_length, optimizer,
+            memory_per_device, ...).
     """
+    if isinstance(spec, str) and spec.strip().lower() == "auto":
+        spec = _auto_spec(model, devices, rules, plan_options)
+    elif model is not None or plan_options:
+        raise TypeError(f"model= and plan options ({sorted(plan_options)}) are for kdist.preset(\"auto\", ...); received spec {spec!r}.")
     dims, device_mesh = _build(spec, devices, axis_names)
     return ShardedDistribution(device_mesh, _rule_set(rules, dims), roles=dims.roles, spec=spec)
+
+
+def _auto_spec(model, devices, rules, plan_options):
+    import jax
+
+    from kdist.parallel_dims import AUTO_NEEDS
+
+    if model is None or "batch_size" not in plan_options:
+        raise SpecError(AUTO_NEEDS)
+    from kdist.planner import PlanError, plan
+
+    count = len(_jax_devices(devices)) if devices is not None else jax.device_count()
+    result = plan(model, count, rules=rules, **plan_options)
+    if result.recommendation is None:
+        raise PlanError(f'kdist.preset("auto"): {result.advice}')
+    return result.recommendation.spec
 
 
 def _build(spec, devices, axis_names):
@@ -104,7 +134,9 @@ def _rule_set(rules, dims):
 
     if rules is None or (isinstance(rules, str) and rules == "auto"):
         uses_rules = any(role in ("model", "expert") for role in dims.roles)
-        return KERAS_CORE if uses_rules else RuleSet(name="none")
+        return AUTO if uses_rules else RuleSet(name="none")
+    if isinstance(rules, str) or hasattr(rules, "__fspath__"):
+        return get_rules(rules)
     if isinstance(rules, RuleSet):
         return rules
     if isinstance(rules, LayoutMap):
@@ -113,5 +145,6 @@ def _rule_set(rules, dims):
         return RuleSet(rules)
     raise TypeError(
         "rules must be a kdist.RuleSet, a keras.distribution.LayoutMap, a list of "
-        f"(pattern, axes) pairs, None or 'auto'; received {type(rules).__name__}."
+        "(pattern, axes) pairs, a rule set name or rules file path, None or 'auto'; "
+        f"received {type(rules).__name__}."
     )

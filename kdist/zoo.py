@@ -1,5 +1,15 @@
-"""Models the CLI can name: built-in zoo entries or "module:function"."""
+"""Models the CLI can name: built-in zoo entries or "module:function".
 
+Besides kdist's small Keras models, the zoo has keras-hub backbones: published
+configurations (`llama3-8b`, `llama3-70b`, `llama3-405b`, `gemma-2b`,
+`bert-base`, `mixtral-8x7b`, `qwen3-moe-30b`, ...) and one tiny configuration
+per backbone family that kdist's rules cover (`tiny-llama3`, `tiny-gemma`, ...;
+see `tiny_entries()`). keras-hub is an optional dependency, imported only when
+such an entry is built. Build big ones abstractly (`load_model(name)` does by
+default): no weights are allocated.
+"""
+
+import functools
 import importlib
 
 from kdist import models
@@ -10,6 +20,12 @@ ENTRIES = {
     "cnn": (models.small_cnn, "a small CNN for 28x28x1 images"),
     "tiny-transformer": (models.tiny_transformer, "a tiny decoder LM of Keras core layers"),
 }
+
+HUB_INSTALL = (
+    "keras-hub is not installed. kdist's keras-hub zoo entries and rule tests need it: "
+    "`pip install --no-deps keras-hub` and `pip install 'kdist[hub]'` (its wheel's "
+    "tensorflow-text requirement would replace tensorflow-cpu, hence --no-deps)."
+)
 
 
 def register(name, build, description):
@@ -27,6 +43,176 @@ def load_model(name, *, abstract=True):
 
     build = _builder(name)
     return abstract_model(build) if abstract else build()
+
+
+def keras_hub():
+    """Import keras_hub, or raise an ImportError that says how to install it."""
+    try:
+        return importlib.import_module("keras_hub")
+    except ImportError as e:
+        raise ImportError(f"{HUB_INSTALL} ({e})") from None
+
+
+def hub_backbone(class_name, **config):
+    """Build `keras_hub.models.<class_name>(**config)`; `vision_encoder`/`text_encoder` configs become encoders."""
+    hub = keras_hub()
+    for key in ("vision_encoder", "text_encoder"):
+        if isinstance(config.get(key), tuple):
+            encoder_class, encoder_config = config[key]
+            config[key] = getattr(hub.models, encoder_class)(**encoder_config)
+    return getattr(hub.models, class_name)(**config)
+
+
+def tiny_entries():
+    """Family name -> zero-argument function building that family's tiny keras-hub backbone.
+
+    One per family of `kdist.rules.hub.FAMILIES`, in the same order. The
+    configs have hidden sizes, heads and vocabularies divisible by 8; decoder
+    LMs use grouped-query attention with 2 key/value heads (Gemma: 1, MQA), which
+    do not divide a model axis of 4 or 8, so their key/value kernels exercise
+    the rules' fallbacks.
+
+    Example:
+
+    ```python
+    for family, build in kdist.zoo.tiny_entries().items():
+        model = kdist.abstract_model(build)
+    ```
+    """
+    return {family: functools.partial(hub_backbone, class_name, **config) for family, (class_name, config) in TINY.items()}
+
+
+# Shared tiny sizes.
+_LM = dict(vocabulary_size=256, num_layers=2, hidden_dim=64, intermediate_dim=128, num_query_heads=8, num_key_value_heads=2)
+_ENCODER = dict(vocabulary_size=256, num_layers=2, hidden_dim=64, intermediate_dim=128, num_heads=8)
+_IMAGE = dict(image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=8, hidden_dim=64)
+_CLIP_VISION = dict(patch_size=8, hidden_dim=64, num_layers=2, num_heads=8, intermediate_dim=128, image_shape=(32, 32, 3))
+_CLIP_TEXT = dict(vocabulary_size=256, embedding_dim=64, hidden_dim=64, num_layers=2, num_heads=8, intermediate_dim=128, max_sequence_length=16)
+_GEMMA2 = dict(
+    query_head_dim_normalize=False,
+    use_post_ffw_norm=True,
+    use_post_attention_norm=True,
+    attention_logit_soft_cap=50.0,
+    final_logit_soft_cap=30.0,
+    use_sliding_window_attention=True,
+    sliding_window_size=16,
+)
+
+# family -> (keras_hub.models class, tiny config)
+TINY = {
+    "llama": ("LlamaBackbone", _LM),
+    "llama3": ("Llama3Backbone", _LM),
+    "mistral": ("MistralBackbone", _LM),
+    "qwen": ("QwenBackbone", dict(_LM, tie_word_embeddings=False)),
+    "qwen2": ("Qwen2Backbone", _LM),
+    "qwen3": ("Qwen3Backbone", dict(_LM, head_dim=8, tie_word_embeddings=False)),
+    "phi3": ("Phi3Backbone", _LM),
+    "smollm3": (
+        "SmolLM3Backbone",
+        dict(
+            vocabulary_size=256, hidden_dim=64, intermediate_dim=128, num_layers=2, num_attention_heads=8,
+            num_key_value_heads=2, attention_bias=False, attention_dropout=0.0, rope_layer_enabled_list=[True, False],
+            layer_types=["attention", "attention"], mlp_bias=False, layer_norm_epsilon=1e-6,
+            max_position_embeddings=64, rope_theta=10000.0, partial_rotary_factor=1.0,
+        ),
+    ),
+    "mixtral": ("MixtralBackbone", dict(_LM, num_experts=4, top_k=2)),
+    "qwen_moe": ("QwenMoeBackbone", dict(_LM, moe_intermediate_dim=32, shared_expert_intermediate_dim=64, num_experts=4, top_k=2)),
+    "qwen3_moe": ("Qwen3MoeBackbone", dict(_LM, moe_intermediate_dim=32, num_experts=4, top_k=2, head_dim=8)),
+    "gpt_oss": ("GptOssBackbone", dict(_LM, num_experts=4, top_k=2, head_dim=8)),
+    "gemma": ("GemmaBackbone", dict(_LM, num_key_value_heads=1, head_dim=8)),
+    "gemma2": ("GemmaBackbone", dict(_LM, head_dim=8, **_GEMMA2)),
+    "gemma3": ("Gemma3Backbone", dict(_LM, head_dim=8, image_size=32, **dict(_GEMMA2, query_head_dim_normalize=True))),
+    "gpt2": ("GPT2Backbone", dict(_ENCODER, max_sequence_length=32)),
+    "opt": ("OPTBackbone", dict(_ENCODER, max_sequence_length=32)),
+    "gpt_neox": ("GPTNeoXBackbone", dict(_ENCODER, max_sequence_length=32)),
+    "falcon": ("FalconBackbone", dict(vocabulary_size=256, num_layers=2, num_attention_heads=8, hidden_dim=64, intermediate_dim=128)),
+    "bloom": ("BloomBackbone", _ENCODER),
+    "bert": ("BertBackbone", dict(_ENCODER, max_sequence_length=32)),
+    "roberta": ("RobertaBackbone", dict(_ENCODER, max_sequence_length=32)),
+    "xlm_roberta": ("XLMRobertaBackbone", dict(_ENCODER, max_sequence_length=32)),
+    "distil_bert": ("DistilBertBackbone", dict(_ENCODER, max_sequence_length=32)),
+    "electra": (
+        "ElectraBackbone",
+        dict(vocab_size=256, num_layers=2, num_heads=8, hidden_dim=64, embedding_dim=32, intermediate_dim=128, max_sequence_length=32),
+    ),
+    "albert": ("AlbertBackbone", dict(_ENCODER, embedding_dim=32, max_sequence_length=32)),
+    "deberta_v3": ("DebertaV3Backbone", dict(_ENCODER, max_sequence_length=32, bucket_size=8)),
+    "f_net": ("FNetBackbone", dict(vocabulary_size=256, num_layers=2, hidden_dim=64, intermediate_dim=128, max_sequence_length=32)),
+    "bart": ("BartBackbone", dict(_ENCODER, max_sequence_length=32)),
+    "whisper": ("WhisperBackbone", dict(_ENCODER, max_encoder_sequence_length=32, max_decoder_sequence_length=16)),
+    "t5": ("T5Backbone", dict(_ENCODER, tie_embedding_weights=False)),
+    "roformer_v2": ("RoformerV2Backbone", dict(_ENCODER, head_size=8)),
+    "esm": ("ESMBackbone", dict(_ENCODER, max_sequence_length=32)),
+    "vit": ("ViTBackbone", dict(_IMAGE, mlp_dim=128)),
+    "deit": ("DeiTBackbone", dict(_IMAGE, intermediate_dim=128)),
+    "dinov2": (
+        "DINOV2Backbone",
+        dict(patch_size=8, num_layers=2, hidden_dim=64, num_heads=8, intermediate_dim=128, image_shape=(32, 32, 3), position_embedding_shape=(32, 32, 3)),
+    ),
+    "clip": ("CLIPBackbone", dict(vision_encoder=("CLIPVisionEncoder", _CLIP_VISION), text_encoder=("CLIPTextEncoder", _CLIP_TEXT), projection_dim=64)),
+    "siglip": ("SigLIPBackbone", dict(vision_encoder=("SigLIPVisionEncoder", _CLIP_VISION), text_encoder=("SigLIPTextEncoder", _CLIP_TEXT))),
+}
+
+# Published configurations (from the keras-hub presets / model cards).
+_LLAMA3 = dict(vocabulary_size=128256, rope_max_wavelength=500000)
+PUBLISHED = {
+    "llama3-8b": ("Llama3Backbone", dict(_LLAMA3, num_layers=32, num_query_heads=32, num_key_value_heads=8, hidden_dim=4096, intermediate_dim=14336), "Llama 3 8B"),
+    "llama3-70b": ("Llama3Backbone", dict(_LLAMA3, num_layers=80, num_query_heads=64, num_key_value_heads=8, hidden_dim=8192, intermediate_dim=28672), "Llama 3 70B"),
+    "llama3-405b": (
+        "Llama3Backbone",
+        dict(_LLAMA3, num_layers=126, num_query_heads=128, num_key_value_heads=8, hidden_dim=16384, intermediate_dim=53248),
+        "Llama 3.1 405B",
+    ),
+    "mistral-7b": (
+        "MistralBackbone",
+        dict(vocabulary_size=32000, num_layers=32, num_query_heads=32, num_key_value_heads=8, hidden_dim=4096, intermediate_dim=14336),
+        "Mistral 7B",
+    ),
+    "mixtral-8x7b": (
+        "MixtralBackbone",
+        dict(vocabulary_size=32000, num_layers=32, num_query_heads=32, num_key_value_heads=8, hidden_dim=4096, intermediate_dim=14336, num_experts=8, top_k=2),
+        "Mixtral 8x7B (mixture of 8 experts)",
+    ),
+    "qwen3-moe-30b": (
+        "Qwen3MoeBackbone",
+        dict(
+            vocabulary_size=151936, num_layers=48, num_query_heads=32, num_key_value_heads=4, head_dim=128, hidden_dim=2048,
+            intermediate_dim=6144, moe_intermediate_dim=768, num_experts=128, top_k=8,
+        ),
+        "Qwen3 30B-A3B (mixture of 128 experts)",
+    ),
+    "gemma-2b": (
+        "GemmaBackbone",
+        dict(vocabulary_size=256000, num_layers=18, num_query_heads=8, num_key_value_heads=1, hidden_dim=2048, intermediate_dim=32768, head_dim=256),
+        "Gemma 2B (multi-query attention)",
+    ),
+    "gemma-7b": (
+        "GemmaBackbone",
+        dict(vocabulary_size=256000, num_layers=28, num_query_heads=16, num_key_value_heads=16, hidden_dim=3072, intermediate_dim=49152, head_dim=256),
+        "Gemma 7B",
+    ),
+    "bert-base": (
+        "BertBackbone",
+        dict(vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072),
+        "BERT base (uncased vocabulary)",
+    ),
+    "gpt2-base": (
+        "GPT2Backbone",
+        dict(vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, max_sequence_length=1024),
+        "GPT-2 base",
+    ),
+    "vit-base": (
+        "ViTBackbone",
+        dict(image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=12, hidden_dim=768, mlp_dim=3072),
+        "ViT-B/16",
+    ),
+}
+
+for _name, (_class, _config, _what) in PUBLISHED.items():
+    register(_name, functools.partial(hub_backbone, _class, **_config), f"keras-hub {_class}: {_what}")
+for _family, (_class, _config) in TINY.items():
+    register(f"tiny-{_family.replace('_', '-')}", functools.partial(hub_backbone, _class, **_config), f"keras-hub {_class} at a tiny config")
 
 
 def _builder(name):

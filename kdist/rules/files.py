@@ -62,6 +62,8 @@ def load_rules(path):
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise RuleError(f"Cannot read rules file {str(path)!r}: {e.strerror or e}.") from None
+    except UnicodeDecodeError as e:
+        raise RuleError(f"Rules file {str(path)!r} is not UTF-8 text: {e}.") from None
     try:
         if fmt == ".json":
             data = json.loads(text)

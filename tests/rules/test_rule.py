@@ -99,3 +99,20 @@ def test_rule_set_dict_round_trip():
     data = KERAS_CORE.to_dict()
     again = RuleSet.from_dict(data)
     assert again.to_dict() == data
+
+
+def test_candidates_naming_a_missing_role_are_passed_over():
+    rule = Rule(r"experts", [("expert", None, "model"), ("model", None, None)])
+    placement = RuleSet([rule]).place("experts", (8, 16, 32), AXES)
+    assert placement.axes == ("model", None, None) and placement.source == "fallback"
+    assert "the mesh has no 'expert' axis" in placement.reason
+    with_expert = {**AXES, "expert": ("expert", 2)}
+    assert RuleSet([rule]).place("experts", (8, 16, 32), with_expert).axes == ("expert", None, "model")
+    # When every candidate names a missing role, they bind as before (missing roles replicate).
+    assert RuleSet([(r"w", ("expert", "model"))]).place("w", (8, 8), AXES).axes == (None, "model")
+
+
+def test_rule_family_tag_round_trips():
+    rule = Rule(r".*/kernel", ("...", "model"), "note", "llama,mistral")
+    assert rule.families == ("llama", "mistral")
+    assert RuleSet.from_dict(RuleSet([rule]).to_dict()).rules[0] == rule

@@ -1,0 +1,37 @@
+"""The model zoo: keras-hub entries with published and tiny configs."""
+
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from kdist import zoo
+from kdist.rules import FAMILIES
+
+pytest.importorskip("keras_hub")
+
+
+def count(model):
+    return sum(int(np.prod(v.shape)) for v in model.weights)
+
+
+def test_one_tiny_entry_per_family():
+    assert list(zoo.tiny_entries()) == list(FAMILIES)
+    assert "tiny-llama3" in zoo.ENTRIES and "tiny-qwen3-moe" in zoo.ENTRIES
+
+
+@pytest.mark.parametrize(
+    "name, parameters",
+    [("llama3-8b", 8.03e9), ("llama3-70b", 70.55e9), ("mixtral-8x7b", 46.70e9), ("gemma-2b", 2.51e9), ("bert-base", 0.1095e9), ("qwen3-moe-30b", 30.53e9)],
+)
+def test_published_configs_build_abstractly_with_their_parameter_counts(name, parameters):
+    keras.backend.clear_session(free_memory=False)
+    model = zoo.load_model(name)  # abstract: nothing allocated
+    assert count(model) == pytest.approx(parameters, rel=0.005)
+
+
+def test_missing_keras_hub_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "keras_hub", None)  # makes `import keras_hub` fail
+    with pytest.raises(ImportError, match=r"pip install --no-deps keras-hub.*kdist\[hub\]"):
+        zoo.load_model("tiny-llama")
