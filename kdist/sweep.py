@@ -8,7 +8,6 @@ stage and reason, never a crash.
 """
 
 import dataclasses
-import gc
 import math
 import os
 import platform
@@ -18,6 +17,10 @@ import time
 import numpy as np
 
 NO_ESTIMATE = "not available (planner not built)"
+# Timed and bare-loop steps alternate in blocks of this many steps. One step
+# keeps the comparison within a few percent even on a loaded machine; blocks
+# of 5 already let bursts of load hit one side and not the other.
+CHECK_BLOCK = 1
 MEMORY_FIELDS = ("argument", "output", "alias", "temp")
 
 
@@ -29,8 +32,10 @@ class SweepRow:
     output, alias, temp, total = argument + output - alias + temp, and peak
     where jax reports it). `state_bytes` is what `kdist.inspect` counts for
     the weights and optimizer state on the fullest device. `losses` has one
-    loss per step, warm-up steps first. `direct_step_time` times the same
-    compiled step in a bare loop; `agreement` is `step_time / direct_step_time - 1`.
+    loss per step, warm-up steps first. `direct_step_time` is the median of the
+    same compiled step timed in a bare loop, each bare step next to a timed one;
+    `agreement` is the median over those pairs of `timed / bare`, minus 1. `loop_overhead_s` is the
+    time per step the timing loop spends outside the timed calls.
     """
 
     mesh: str
@@ -50,6 +55,7 @@ class SweepRow:
     estimate_bytes: int = None
     estimate_note: str = NO_ESTIMATE
     losses: list = dataclasses.field(default_factory=list)
+    direct_step_times: list = dataclasses.field(default_factory=list)
     direct_step_time: float = None
     agreement: float = None
     loop_overhead_s: float = None
@@ -129,6 +135,16 @@ class SweepResult:
         }
 
     @property
+    def loss_spread(self):
+        """Largest relative difference of any step's loss from the first successful shape's."""
+        rows = [r for r in self.ok_rows if r.losses]
+        if len(rows) < 2:
+            return 0.0
+        reference = np.array(rows[0].losses)
+        scale = np.maximum(np.abs(reference), 1e-12)
+        return float(max(np.max(np.abs(np.array(r.losses) - reference) / scale) for r in rows[1:]))
+
+    @property
     def note(self):
         """What the times mean on the machine the sweep ran on."""
         m = self.machine
@@ -147,6 +163,7 @@ class SweepResult:
             "settings": self.settings,
             "overhead": self.overhead,
             "fastest": self.fastest.mesh if self.fastest else None,
+            "loss_spread": self.loss_spread,
             "rows": [r.to_dict() for r in self.rows],
         }
 
@@ -178,10 +195,14 @@ class SweepResult:
     def __rich_console__(self, console, options):
         from rich.text import Text
 
-        yield self.table()
+        yield _table(self, options.max_width)
+        for r in self.failed_rows:
+            yield Text.assemble((f"{r.mesh} failed ({r.failure_stage}): ", "bold red"), r.failure)
+        if len(self.ok_rows) > 1:
+            yield Text(f"Losses of all {len(self.ok_rows)} shapes agree to {self.loss_spread:.1e} (relative, every step).")
         o = self.overhead
         yield Text(
-            f"Sweep wall time {o['wall_s']:.1f} s, of which {o['measured_s']:.2f} s in measured steps: "
+            f"Sweep wall time {o['wall_s']:.1f} s, of which {o['measured_s']:.3f} s in measured steps: "
             f"overhead {o['overhead_s']:.1f} s ({o['overhead_share']:.0%}: build, compile, warm-up, checks).",
         )
         if self.machine["platform"] == "cpu":
@@ -249,8 +270,10 @@ def sweep(
             a planner's estimate; without one the column says
             "not available (planner not built)".
         seed: seed for weights and dropout, the same for every shape.
-        direct_check: also time the compiled step in a bare loop, to check
-            the measured step time (`SweepRow.agreement`).
+        direct_check: also time the same compiled step in a bare loop,
+            alternating with the timed steps, on a copy of the state
+            (which doubles the state's memory while timing), and report how
+            far the measured step time is from it (`SweepRow.agreement`).
         progress: show a progress bar.
         console: a `rich.console.Console` for the progress bar.
 
@@ -264,6 +287,7 @@ def sweep(
     x, y = _unpack(data)
     n = _num_samples(x)
     batch_size = n if batch_size is None else batch_size
+    _check_counts(steps=steps, warmup=warmup, batch_size=batch_size)
     if batch_size > n:
         raise ValueError(f"batch_size={batch_size} is larger than the {n} samples in data; pass more data or a smaller batch_size.")
     device_memory = _device_memory(device_memory, devices)
@@ -285,11 +309,14 @@ def sweep(
     try:
         with _progress(progress, console) as bar:
             task = bar.add_task("sweep", total=len(specs))
+            config = _Config(
+                build_model, x, y, batch_size, steps, warmup, loss, optimizer, rules, devices, strict,
+                device_memory, estimate, seed, direct_check,
+            )
             for spec in specs:
                 def stage(text, spec=spec):
                     bar.update(task, description=f"{spec}: {text}")
 
-                config = _Config(build_model, x, y, batch_size, steps, warmup, loss, optimizer, rules, devices, strict, device_memory, estimate, seed, direct_check)
                 rows.append(_run_shape(spec, config, stage))
                 bar.advance(task)
     finally:
@@ -298,7 +325,7 @@ def sweep(
     ok = [r for r in rows if r.ok]
     if ok:
         min(ok, key=lambda r: r.step_time).fastest = True
-    return SweepResult(rows, machine_info(devices or jax.devices()), settings, wall)
+    return SweepResult(rows, machine_info(devices if devices is not None else jax.devices()), settings, wall)
 
 
 def mesh_factorisations(num_devices):
@@ -322,6 +349,7 @@ def machine_info(devices=None):
         "device_count": len(devices),
         "fake_devices": platform_name == "cpu" and len(devices) > 1,
         "cpu_count": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "os": platform.platform(),
         "machine": platform.machine(),
         "processor": platform.processor(),
@@ -367,8 +395,7 @@ def _run_shape(spec, config, stage):
 
     row = SweepRow(spec)
     start = time.perf_counter()
-    keras.backend.clear_session(free_memory=False)  # same layer names and seed state for every shape
-    gc.collect()
+    keras.backend.clear_session()  # the same layer names for every shape, and the last shape's memory freed
     try:
         _measure(row, spec, config, stage)
     except _Failed as e:
@@ -378,61 +405,64 @@ def _run_shape(spec, config, stage):
 
 
 def _measure(row, spec, config, stage):
-    import jax
-    import keras
-
     import kdist
+    from kdist.data import check_batch_size
 
     stage("building")
     distribution = _attempt("spec", lambda: kdist.preset(spec, devices=config.devices, rules=config.rules))
     row.axes = dict(zip(distribution.device_mesh.axis_names, (int(s) for s in distribution.device_mesh.shape)))
-    shards = distribution.num_model_replicas
-    if config.batch_size % shards:
-        raise _Failed(
-            "data",
-            f"batch size {config.batch_size} does not split over the {shards} batch shards of mesh "
-            f"{spec!r} ({_batch_axes(distribution)}); use a batch size divisible by {shards}.",
-        )
+    _attempt("data", lambda: check_batch_size(config.batch_size, distribution))
     with distribution.scope():
-        t = time.perf_counter()
-        batches = _batches(config, distribution)
-        model = _attempt("build", lambda: _build(config, batches[0]))
-        row.build_s = time.perf_counter() - t
-        if config.strict:
-            _check_strict(spec, distribution)
-        report = kdist.inspect(model, distribution)
-        row.state_bytes = int(report.device_bytes().max())
-        if config.estimate is not None:
-            row.estimate_bytes, row.estimate_note = int(config.estimate(model, distribution)), "planner estimate"
+        batches = _attempt("data", lambda: _batches(config, distribution))
+        model = _prepare(row, spec, config, distribution, batches[0])
         stage("compiling")
-        t = time.perf_counter()
+        start = time.perf_counter()
         state = _state(model)
         compiled = _attempt("compile", lambda: _compile(model, state, batches[0]))
-        row.compile_s = time.perf_counter() - t
+        row.compile_s = time.perf_counter() - start
         row.memory = _memory(compiled)
         _check_fits(spec, row.memory, config.device_memory)
         stage("warming up")
-        reset = _metrics_reset(state)
-        state, _, warm_losses, _ = _attempt("run", lambda: _steps(compiled, state, batches, reset, config.warmup, 0))
+        state, _, warm_logs, _ = _attempt("run", lambda: _steps(compiled, state, batches, config.warmup, 0))
         stage("timing")
-        state, times, losses, loop_overhead = _attempt(
-            "run", lambda: _steps(compiled, state, batches, reset, config.steps, config.warmup)
+        _, times, logs, loop_overhead, direct = _attempt(
+            "run", lambda: _timed_steps(compiled, state, batches, config.steps, config.warmup, config.direct_check)
         )
-        row.losses = warm_losses + losses
-        row.step_times = times
-        if times:
-            row.step_time = statistics.median(times)
-            q = np.percentile(times, [25, 75])
-            row.step_time_iqr = float(q[1] - q[0])
-            row.samples_per_s = config.batch_size / row.step_time
-            tokens = _tokens_per_sample(config.x)
-            row.tokens_per_s = tokens * config.batch_size / row.step_time if tokens else None
-            row.loop_overhead_s = loop_overhead / len(times)
-        if config.direct_check and times:
-            stage("checking")
-            direct = _direct_times(compiled, state, batches[0], config.steps)
-            row.direct_step_time = statistics.median(direct)
-            row.agreement = row.step_time / row.direct_step_time - 1
+    _record_times(row, config, times, direct, loop_overhead)
+    row.losses = _step_losses(warm_logs + logs)
+
+
+def _prepare(row, spec, config, distribution, batch):
+    """Build and compile the model, and record what its layout costs."""
+    import kdist
+
+    start = time.perf_counter()
+    model = _attempt("build", lambda: _build(config, batch))
+    row.build_s = time.perf_counter() - start
+    if config.strict:
+        _check_strict(spec, distribution)
+    row.state_bytes = _attempt("inspect", lambda: int(kdist.inspect(model, distribution).device_bytes().max()))
+    if config.estimate is not None:
+        row.estimate_bytes = _attempt("estimate", lambda: int(config.estimate(model, distribution)))
+        row.estimate_note = "planner estimate"
+    return model
+
+
+def _record_times(row, config, times, direct, loop_overhead):
+    row.step_times = times
+    row.step_time = statistics.median(times)
+    low, high = np.percentile(times, [25, 75])
+    row.step_time_iqr = float(high - low)
+    row.samples_per_s = config.batch_size / row.step_time
+    tokens = _tokens_per_sample(config.x)
+    row.tokens_per_s = tokens * config.batch_size / row.step_time if tokens else None
+    row.loop_overhead_s = loop_overhead / len(times)
+    if direct:
+        row.direct_step_times = direct
+        row.direct_step_time = statistics.median(direct)
+        # Each timed step has a bare-loop twin run right next to it: the median
+        # of their ratios cancels the load both saw.
+        row.agreement = statistics.median(t / d for t, d in zip(times, direct)) - 1
 
 
 def _attempt(stage, fn):
@@ -448,12 +478,6 @@ def _describe(error):
     text = str(error).strip().splitlines()
     first = next((line for line in text if line.strip()), "")
     return f"{type(error).__name__}: {first[:400]}"
-
-
-def _batch_axes(distribution):
-    sizes = dict(zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape))
-    axes = distribution.batch_axes
-    return " x ".join(f"{a}={sizes[a]}" for a in axes) if axes else "no batch axis"
 
 
 def _build(config, batch):
@@ -536,7 +560,7 @@ def _memory(compiled):
 def _check_fits(spec, memory, device_memory):
     if device_memory is None or not memory:
         return
-    need = memory.get("peak", memory["total"])
+    need = max(memory["total"], memory.get("peak", 0))
     if need > device_memory:
         from kdist.render import human_bytes
 
@@ -547,40 +571,69 @@ def _check_fits(spec, memory, device_memory):
         )
 
 
-def _metrics_reset(state):
-    """Host copies of the metric variables as they are before a step: each step starts from them,
-    so the loss a step reports is its own, not a running mean."""
-    return [(np.asarray(v), v.sharding) for v in state[3]]
-
-
-def _steps(compiled, state, batches, reset, count, offset):
-    """Run `count` steps, each timed alone. Returns the state, step times, losses and loop overhead."""
+def _steps(compiled, state, batches, count, offset):
+    """Run `count` steps, each timed alone. Returns the state, step times, logs and loop overhead."""
     import jax
 
-    times, losses = [], []
+    times, logs = [], []
     loop_start = time.perf_counter()
     for i in range(count):
         batch = batches[(offset + i) % len(batches)]
-        state = (*state[:3], [jax.device_put(value, sharding) for value, sharding in reset])
         start = time.perf_counter()
-        logs, state = compiled(state, batch)
-        jax.block_until_ready((logs, state))
+        step_logs, state = compiled(state, batch)
+        jax.block_until_ready((step_logs, state))
         times.append(time.perf_counter() - start)
-        losses.append(float(logs["loss"]))
-    return state, times, losses, time.perf_counter() - loop_start - sum(times)
+        logs.append(step_logs)
+    return state, times, logs, time.perf_counter() - loop_start - sum(times)
 
 
-def _direct_times(compiled, state, batch, count):
-    """The same compiled step timed in a bare loop: no batch cycling, metric reset or loss readout."""
+def _step_losses(logs):
+    """Each step's own loss. Keras logs the running mean of the loss over the
+    steps so far; with equal batches, step k's loss is k*mean_k - (k-1)*mean_(k-1).
+    Reading it this way keeps the timed loop free of metric resets."""
+    means = [float(entry["loss"]) for entry in logs]
+    return [k * m - (k - 1) * prev for k, (m, prev) in enumerate(zip(means, [0.0] + means), start=1)]
+
+
+def _timed_steps(compiled, state, batches, steps, offset, check):
+    """Time `steps` steps. Returns the state, step times, logs, loop overhead and check times.
+
+    With `check`, a copy of the state runs the same batches through the same
+    compiled step in a bare loop, in blocks alternating with the timed ones
+    (and alternating which goes first), so both see the same machine load and
+    cache. The copy doubles the state's memory while it runs."""
+    shadow = _copy(state) if check else None
+    times, logs, direct, overhead = [], [], [], 0.0
+    for block, start in enumerate(range(0, steps, CHECK_BLOCK)):
+        count, first = min(CHECK_BLOCK, steps - start), offset + start
+        if shadow is not None and block % 2:
+            shadow, bare = _bare_steps(compiled, shadow, batches, count, first)
+            direct += bare
+        state, block_times, block_logs, block_overhead = _steps(compiled, state, batches, count, first)
+        times, logs, overhead = times + block_times, logs + block_logs, overhead + block_overhead
+        if shadow is not None and not block % 2:
+            shadow, bare = _bare_steps(compiled, shadow, batches, count, first)
+            direct += bare
+    return state, times, logs, overhead, direct
+
+
+def _bare_steps(compiled, state, batches, count, offset):
+    """The compiled step timed in a bare loop that keeps nothing."""
     import jax
 
     times = []
-    for _ in range(max(count, 1)):
+    for i in range(count):
         start = time.perf_counter()
-        logs, state = compiled(state, batch)
+        logs, state = compiled(state, batches[(offset + i) % len(batches)])
         jax.block_until_ready((logs, state))
         times.append(time.perf_counter() - start)
-    return times
+    return state, times
+
+
+def _copy(state):
+    import jax
+
+    return jax.tree.map(lambda a: jax.device_put(a, a.sharding, may_alias=False), state)
 
 
 # --- data --------------------------------------------------------------------
@@ -629,6 +682,55 @@ def _tokens_per_sample(x):
     return None
 
 
+def random_data(model, samples, seed=0):
+    """Random inputs and targets that fit a built single-output model, and a loss for them.
+
+    Float inputs are uniform in [0, 1); integer inputs (token ids) are below
+    the smallest `Embedding.input_dim` of the model. A last output dimension
+    of 1 gets float targets and "mse"; otherwise integer class targets and
+    sparse categorical cross-entropy (from logits unless the output layer
+    applies a softmax). Works on a model built by `kdist.abstract_model`.
+
+    Example:
+
+    ```python
+    model = kdist.abstract_model(kdist.models.tiny_transformer)
+    (x, y), loss = random_data(model, samples=256)
+    ```
+
+    Returns:
+        `((x, y), loss)`.
+    """
+    import keras
+
+    if len(model.outputs) != 1:
+        raise ValueError(
+            f"random_data() handles single-output models; {model.name!r} has {len(model.outputs)} outputs. "
+            "Pass your own (x, y) and loss to kdist.sweep."
+        )
+    rng = np.random.default_rng(seed)
+    vocabulary = min((layer.input_dim for layer in model._flatten_layers() if isinstance(layer, keras.layers.Embedding)), default=2)
+    inputs = [_random_input(rng, t, samples, vocabulary) for t in model.inputs]
+    x = inputs[0] if len(inputs) == 1 else inputs
+    output = model.outputs[0]
+    shape = tuple(output.shape[1:])
+    if shape[-1] == 1:
+        return (x, rng.random((samples, *shape), dtype=np.float32)), "mse"
+    y = rng.integers(0, shape[-1], size=(samples, *shape[:-1]))
+    layer = output._keras_history.operation
+    softmax = getattr(layer, "activation", None) is keras.activations.softmax
+    return (x, y), keras.losses.SparseCategoricalCrossentropy(from_logits=not softmax)
+
+
+def _random_input(rng, tensor, samples, vocabulary):
+    shape = (samples, *tensor.shape[1:])
+    if None in shape:
+        raise ValueError(f"Input {tensor.name!r} has an unknown dimension {tuple(tensor.shape)}; random_data() needs fixed shapes.")
+    if np.issubdtype(np.dtype(tensor.dtype), np.integer):
+        return rng.integers(0, vocabulary, size=shape).astype(tensor.dtype)
+    return rng.random(shape, dtype=np.float32).astype(tensor.dtype)
+
+
 # --- settings ----------------------------------------------------------------
 
 
@@ -649,12 +751,19 @@ def _mesh_specs(meshes, devices):
     return specs
 
 
+def _check_counts(**counts):
+    for name, value in counts.items():
+        smallest = 0 if name == "warmup" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
+            raise ValueError(f"{name} must be an integer >= {smallest}; received {name}={value!r}.")
+
+
 def _device_memory(device_memory, devices):
     if device_memory != "auto":
         return device_memory
     import jax
 
-    device = (devices or jax.devices())[0]
+    device = (list(devices) if devices is not None else jax.devices())[0]
     try:
         stats = device.memory_stats() or {}
     except Exception:
@@ -724,60 +833,61 @@ def _csv_record(row):
 # --- rendering ---------------------------------------------------------------
 
 
-def _table(result):
+_COMPACT = ("mesh", "step ms", "samples/s", "XLA mem", "weights+opt", "loss", "vs bare")
+
+
+def _table(result, width=None):
     from rich.table import Table
 
     from kdist.render import human_bytes
 
     has_tokens = any(r.tokens_per_s for r in result.rows)
-    m = result.machine
+    has_estimate = any(r.estimate_bytes is not None for r in result.rows)
+    settings = result.settings
     table = Table(
-        title=f"Mesh sweep: {m['device_count']} {m['platform']} devices, batch {result.settings['batch_size']}, "
-        f"{result.settings['steps']} timed steps",
+        title=f"kdist sweep: {result.machine['device_count']} {result.machine['platform']} devices, "
+        f"batch {settings['batch_size']}, {settings['steps']} timed steps after {settings['warmup']} warm-up",
         title_justify="left",
     )
-    columns = ["mesh", "axes", "step ms (median ± IQR)", "samples/s"]
-    columns += ["tokens/s"] if has_tokens else []
-    columns += ["compile s", "XLA memory/device", "weights+opt/device", "estimate", "final loss", "step check", "notes"]
+    columns = ["mesh", "axes", "step ms", "IQR", "samples/s"] + (["tokens/s"] if has_tokens else [])
+    columns += ["compile s", "XLA mem", "weights+opt", "estimate", "loss", "vs bare", "notes"]
+    if width is not None and width < 140:
+        columns = [c for c in columns if c in _COMPACT]
     for name in columns:
-        table.add_column(name, justify="left" if name in ("mesh", "axes", "estimate", "notes") else "right")
+        table.add_column(name, justify="left" if name in ("mesh", "axes", "notes") else "right", no_wrap=name != "notes")
     for r in result.rows:
-        axes = " ".join(f"{k}={v}" for k, v in r.axes.items())
         if not r.ok:
-            cells = [r.mesh, axes, "-", "-"] + (["-"] if has_tokens else []) + ["-"] * 7
-            cells[-1] = f"[red]failed ({r.failure_stage})[/]: {r.failure}"
-            table.add_row(*cells)
+            failed = f"[red]failed ({r.failure_stage})[/]"
+            cells = {"mesh": r.mesh, "notes": failed} if "notes" in columns else {"mesh": r.mesh, "step ms": "[red]failed[/]"}
+            table.add_row(*(cells.get(c, "-") for c in columns))
             continue
-        cells = [
-            r.mesh + (" ★" if r.fastest else ""),
-            axes,
-            f"{r.step_time * 1e3:.2f} ± {r.step_time_iqr * 1e3:.2f}",
-            f"{r.samples_per_s:,.0f}",
-        ]
-        cells += [f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "-"] if has_tokens else []
-        memory = r.memory.get("peak", r.memory.get("total"))
-        cells += [
-            f"{r.compile_s:.2f}",
-            human_bytes(memory) if memory is not None else "n/a",
-            human_bytes(r.state_bytes),
-            human_bytes(r.estimate_bytes) if r.estimate_bytes is not None else r.estimate_note,
-            f"{r.final_loss:.5f}",
-            f"{r.agreement:+.1%}" if r.agreement is not None else "-",
-            "fastest" if r.fastest else "",
-        ]
-        table.add_row(*cells, style="bold green" if r.fastest else None)
+        memory = r.memory.get("total")
+        cells = {
+            "mesh": r.mesh + (" ★" if r.fastest else ""),
+            "axes": " ".join(f"{k}:{v}" for k, v in r.axes.items()),
+            "step ms": f"{r.step_time * 1e3:.2f}",
+            "IQR": f"{r.step_time_iqr * 1e3:.2f}",
+            "samples/s": f"{r.samples_per_s:,.0f}",
+            "tokens/s": f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "-",
+            "compile s": f"{r.compile_s:.2f}",
+            "XLA mem": human_bytes(memory) if memory is not None else "n/a",
+            "weights+opt": human_bytes(r.state_bytes),
+            "estimate": human_bytes(r.estimate_bytes) if r.estimate_bytes is not None else "n/a",
+            "loss": f"{r.final_loss:.5f}",
+            "vs bare": f"{r.agreement:+.1%}" if r.agreement is not None else "-",
+            "notes": "fastest" if r.fastest else "",
+        }
+        table.add_row(*(cells[c] for c in columns), style="bold green" if r.fastest else None)
     table.caption = (
-        "★ fastest median step. XLA memory: compiled train step, per device (peak where jax reports it). "
-        "step check: measured step time vs the same compiled step timed in a bare loop."
+        "★ fastest median step time. Memory per device: XLA's compiled train step (argument + output "
+        "- alias + temp) and weights + optimizer state (kdist.inspect). loss: the last step's. vs bare: "
+        "median step time against the same compiled step timed in a bare loop."
+        + ("" if has_estimate else f" estimate: {NO_ESTIMATE}.")
     )
     return table
 
 
 def _plot(result, path, title):
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
     rows = result.rows
@@ -785,13 +895,14 @@ def _plot(result, path, title):
     positions = np.arange(len(rows))
     fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(max(8, 1.3 * len(rows) + 4), 4.2))
     step = [r.step_time * 1e3 if r.ok else 0 for r in rows]
-    spread = [r.step_time_iqr * 1e3 / 2 if r.ok else 0 for r in rows]
+    quartiles = [np.percentile(r.step_times, [25, 75]) * 1e3 if r.ok else (0, 0) for r in rows]
+    spread = np.array([[s - q[0] for s, q in zip(step, quartiles)], [q[1] - s for s, q in zip(step, quartiles)]])
     colors = ["tab:green" if r.fastest else ("tab:blue" if r.ok else "lightgray") for r in rows]
     time_ax.bar(positions, step, yerr=spread, color=colors, capsize=3)
-    time_ax.set_ylabel("step time, ms (median, bar: IQR)")
+    time_ax.set_ylabel("step time, ms (median; bars: 25th-75th percentile)")
     time_ax.set_title("Step time per mesh shape")
     width = 0.4
-    xla = [r.memory.get("peak", r.memory.get("total", 0)) / 2**20 if r.ok else 0 for r in rows]
+    xla = [r.memory.get("total", 0) / 2**20 if r.ok else 0 for r in rows]
     state = [(r.state_bytes or 0) / 2**20 if r.ok else 0 for r in rows]
     memory_ax.bar(positions - width / 2, xla, width, label="XLA compiled step", color="tab:orange")
     memory_ax.bar(positions + width / 2, state, width, label="weights + optimizer", color="tab:purple")
@@ -805,7 +916,8 @@ def _plot(result, path, title):
                 ax.annotate("failed", (i, 0), ha="center", va="bottom", color="red", fontsize="small", rotation=90)
     heading = title or "kdist sweep"
     if result.machine["platform"] == "cpu":
-        heading += f"\n{result.machine['device_count']} fake CPU devices: times say nothing about accelerators"
+        kind = "fake CPU devices" if result.machine["fake_devices"] else "CPU device"
+        heading += f"\n{result.machine['device_count']} {kind}: times say nothing about accelerators"
     fig.suptitle(heading, fontsize="medium")
     fig.tight_layout()
     if path is not None:
