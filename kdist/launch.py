@@ -8,6 +8,7 @@ collectives (gloo), so a script written for N hosts runs unchanged on one.
 
 import dataclasses
 import os
+import queue
 import re
 import signal
 import socket
@@ -40,6 +41,7 @@ class LaunchResult:
         failed_rank: the rank that failed first, or None.
         message: a one-line account of how the run ended.
         outputs: each rank's output lines (only with `capture=True`).
+        pids: each rank's process id (also its process group id).
     """
 
     returncode: int
@@ -47,6 +49,7 @@ class LaunchResult:
     failed_rank: object
     message: str
     outputs: list
+    pids: list
 
 
 def launch(command, num_processes=2, devices_per_process=4, *, coordinator_address=None, env=None,
@@ -72,8 +75,9 @@ def launch(command, num_processes=2, devices_per_process=4, *, coordinator_addre
             ["-m", "pkg.module"] or ["-c", "code"] run with this Python; any other
             list (["bash", "run.sh"]) runs as is.
         num_processes: number of processes (>= 1).
-        devices_per_process: fake CPU devices per process; None leaves the
-            device variables of the environment alone (real accelerators).
+        devices_per_process: fake CPU devices per process; None for none: the
+            processes see the machine's real devices (fake-device variables
+            inherited from this process are removed).
         coordinator_address: "host:port" for process 0's coordinator.
         env: extra environment variables for every process.
         cwd: working directory of the processes.
@@ -85,7 +89,7 @@ def launch(command, num_processes=2, devices_per_process=4, *, coordinator_addre
     Returns:
         A `LaunchResult`; `returncode` is 0 only if every process exited 0.
     """
-    argv = _argv(command)
+    argv = _argv(command, cwd)
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
         raise LaunchError(f"num_processes must be a positive integer; received {num_processes!r}.")
     if devices_per_process is not None and (
@@ -102,8 +106,12 @@ def process_env(rank, num_processes, devices_per_process, coordinator_address, b
     """The environment of process `rank` of a launched run (see `launch`)."""
     env = dict(os.environ if base is None else base)
     env.pop(TF_CONFIG, None)  # the KERAS_DISTRIBUTION_* variables below describe the cluster
+    flags = _XLA_DEVICE_FLAG.sub("", env.get("XLA_FLAGS", "")).split()
+    for name in (FAKE_DEVICES_VAR, "JAX_NUM_CPU_DEVICES", "XLA_FLAGS"):  # the parent's own fake devices
+        env.pop(name, None)
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
     if devices_per_process is not None:
-        flags = _XLA_DEVICE_FLAG.sub("", env.get("XLA_FLAGS", "")).split()
         env.update({
             FAKE_DEVICES_VAR: str(devices_per_process),
             "JAX_NUM_CPU_DEVICES": str(devices_per_process),
@@ -129,7 +137,7 @@ def free_port(host="127.0.0.1"):
         return s.getsockname()[1]
 
 
-def _argv(command):
+def _argv(command, cwd=None):
     if isinstance(command, (str, os.PathLike)):
         command = [os.fspath(command)]
     command = [os.fspath(c) for c in command]
@@ -137,8 +145,9 @@ def _argv(command):
         raise LaunchError("launch needs a command: a script path or an argv list; received an empty command.")
     first = command[0]
     if first in ("-m", "-c") or first.endswith(".py"):
-        if first.endswith(".py") and not os.path.exists(first):
-            raise LaunchError(f"Script {first!r} does not exist (working directory {os.getcwd()}).")
+        where = cwd or os.getcwd()
+        if first.endswith(".py") and not os.path.exists(os.path.join(where, first)):
+            raise LaunchError(f"Script {first!r} does not exist (working directory {where}).")
         return [sys.executable, *command]
     return command
 
@@ -150,6 +159,7 @@ class _Run:
         self.stream, self.capture = stream, capture
         self.outputs = [[] for _ in range(n)]
         self.procs, self.readers = [], []
+        self.exits = queue.Queue()  # (rank, code) in the order the processes ended
         self.lock = threading.Lock()
         self.interrupted = None
 
@@ -168,14 +178,19 @@ class _Run:
     def _start(self):
         for rank in range(self.n):
             env = process_env(rank, self.n, self.devices, self.address, extra=self.extra_env)
-            proc = subprocess.Popen(
-                self.argv, env=env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True,  # own process group: killpg reaches its children
-            )
+            try:
+                proc = subprocess.Popen(
+                    self.argv, env=env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, start_new_session=True,  # own process group: killpg reaches its children
+                )
+            except OSError as e:
+                raise LaunchError(f"Cannot start process {rank} with command {self.argv}: {e}") from None
             self.procs.append(proc)
             reader = threading.Thread(target=self._forward, args=(rank, proc.stdout), daemon=True)
             reader.start()
             self.readers.append(reader)
+            # A waiter per process records exits in the order they happen, so the first failure is named.
+            threading.Thread(target=lambda r=rank, p=proc: self.exits.put((r, p.wait())), daemon=True).start()
 
     def _forward(self, rank, pipe):
         for raw in iter(pipe.readline, b""):
@@ -190,29 +205,30 @@ class _Run:
 
     def _wait(self):
         start = time.monotonic()
+        finished = set()
         while True:
             if self.interrupted is not None:
                 name = signal.Signals(self.interrupted).name
                 return self._result(128 + self.interrupted, None, f"launcher received {name}: stopped all {self.n} processes")
-            codes = [p.poll() for p in self.procs]
-            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                rank = failed[0]
-                code = codes[rank]
+            try:
+                rank, code = self.exits.get(timeout=0.05)
+            except queue.Empty:
+                if self.timeout is not None and time.monotonic() - start > self.timeout:
+                    running = sorted(set(range(self.n)) - finished)
+                    return self._result(124, None, f"timed out after {self.timeout} s with processes {running} still running; stopped them")
+                continue
+            finished.add(rank)
+            if code != 0:
                 how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
                 return self._result(code if code > 0 else 1, rank, f"process {rank} (pid {self.procs[rank].pid}) {how}; stopped the others")
-            if all(c == 0 for c in codes):
+            if len(finished) == self.n:
                 return self._result(0, None, f"all {self.n} processes exited with code 0")
-            if self.timeout is not None and time.monotonic() - start > self.timeout:
-                running = [r for r, c in enumerate(codes) if c is None]
-                return self._result(124, None, f"timed out after {self.timeout} s with processes {running} still running; stopped them")
-            time.sleep(0.05)
 
     def _result(self, code, rank, message):
         self._stop_all()
         for t in self.readers:
             t.join(timeout=2)
-        return LaunchResult(code, [p.returncode for p in self.procs], rank, message, self.outputs)
+        return LaunchResult(code, [p.returncode for p in self.procs], rank, message, self.outputs, [p.pid for p in self.procs])
 
     def _stop_all(self):
         alive = [p for p in self.procs if p.poll() is None]

@@ -14,7 +14,11 @@ def register(commands, common):
             "gloo CPU collectives and its own fake CPU devices. Output lines are prefixed with the rank. "
             "If a process fails the others are stopped and the exit code is non-zero."
         ),
-        usage="kdist launch [-n N] [--devices-per-process D] [--coordinator HOST:PORT] script.py [args ...]",
+        usage=(
+            "kdist launch [-n N] [--devices-per-process D] [--coordinator HOST:PORT] script.py [args ...]\n"
+            "       kdist launch [options] -m module [args ...]\n"
+            "       kdist launch [options] -- command [args ...]"
+        ),
     )
     launch.add_argument("-n", "--num-processes", type=int, default=2, help="number of processes (default 2)")
     launch.add_argument(
@@ -26,18 +30,22 @@ def register(commands, common):
     launch.add_argument(
         "--grace-period", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL when stopping processes (default 5)"
     )
+    launch.add_argument("-m", dest="module", metavar="MODULE", help="run a Python module, as `python -m MODULE`")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args], -m module [args], or any command")
-    launch.set_defaults(run=run)
+    launch.set_defaults(run=run, fake_devices=None)  # the launcher itself needs no devices
 
 
 def run(args):
     from kdist.launch import launch
 
-    if not args.command:
+    command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
+    if args.module:
+        command = ["-m", args.module, *command]
+    if not command:
         print("kdist launch: error: give a script to run, e.g. `kdist launch -n 2 train.py`", file=sys.stderr)
         return 2
     result = launch(
-        args.command,
+        command,
         num_processes=args.num_processes,
         devices_per_process=args.devices_per_process or None,
         coordinator_address=args.coordinator,
