@@ -23,6 +23,11 @@ SPEC_FORMS = (
     '-1 to absorb the remaining devices; names: data, fsdp, model, expert), '
     'or "auto"'
 )
+AUTO_NEEDS = (
+    'The "auto" spec chooses a mesh with the planner, which needs the model and the batch size: '
+    'pass them, e.g. kdist.preset("auto", model=model, batch_size=64) (see kdist.plan), '
+    'or pick an explicit spec such as "2x4" or "dp".'
+)
 _SIZE = r"-?\d+"
 _GRID = re.compile(rf"{_SIZE}(x{_SIZE}){{1,2}}")
 _NAMED = re.compile(rf"[a-z_]+={_SIZE}(,[a-z_]+={_SIZE})*")
@@ -50,10 +55,7 @@ class ParallelDims:
             raise SpecError(f"A mesh spec must be a string; received {spec!r}. Use {SPEC_FORMS}.")
         text = spec.strip().lower().replace(" ", "")
         if text == "auto":
-            raise NotImplementedError(
-                'The "auto" preset needs the mesh planner, which kdist does not '
-                'have yet. Pick an explicit spec such as "2x4" or "dp".'
-            )
+            raise SpecError(AUTO_NEEDS)
         if text == "dp":
             axes = [("data", -1)]
         elif text == "tp":

@@ -52,8 +52,8 @@ def test_bad_spec_lists_allowed_forms():
         ParallelDims.parse("axb", 8)
 
 
-def test_auto_is_not_implemented_yet():
-    with pytest.raises(NotImplementedError, match="planner"):
+def test_auto_needs_the_planner_inputs():
+    with pytest.raises(SpecError, match="planner, which needs the model and the batch size"):
         ParallelDims.parse("auto", 8)
 
 

@@ -48,9 +48,11 @@ def test_preset_is_a_keras_distribution():
     assert keras.distribution.distribution() is dist
 
 
-def test_auto_preset_is_not_implemented():
-    with pytest.raises(NotImplementedError, match="planner"):
+def test_auto_preset_without_a_model_says_what_to_pass():
+    with pytest.raises(SpecError, match=r'preset\("auto", model=model, batch_size=64\)'):
         kdist.preset("auto")
+    with pytest.raises(SpecError, match="batch size"):
+        kdist.preset("auto", model=kdist.abstract_model(mnist_mlp))
 
 
 def test_bad_preset_spec_names_it():
