@@ -15,12 +15,13 @@ Writes benchmarks/results/inspect_large.json.
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from kdist.machine import machine_info
 
 LLAMA3_70B = dict(vocabulary_size=128256, num_layers=80, hidden_dim=8192, num_query_heads=64, num_key_value_heads=8, intermediate_dim=28672, dtype="bfloat16")
 CASES = {
@@ -111,21 +112,6 @@ def measure(case):
     return out
 
 
-def machine():
-    import jax
-    import keras
-
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1_5_15_min_at_end": os.getloadavg(),  # other processes share the CPUs
-        "jax": jax.__version__,
-        "keras": keras.__version__,
-        "keras_hub": __import__("keras_hub").__version__,
-    }
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES), metavar="CASE")
@@ -152,7 +138,7 @@ def main():
         )
     import kdist  # noqa: F401  (machine info needs jax with the kdist backend choice)
 
-    data = {"machine": {**machine(), "load_average_1_5_15_min_at_start": load_at_start}, "targets": {"inspect_s": LIMIT_S, "peak_rss_mib": LIMIT_MIB}, "results": results}
+    data = {"machine": {**machine_info(), "load_average_1_5_15_min_at_start": load_at_start}, "targets": {"inspect_s": LIMIT_S, "peak_rss_mib": LIMIT_MIB}, "results": results}
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {RESULTS}")

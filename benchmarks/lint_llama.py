@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -24,6 +23,8 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+
+from kdist.machine import machine_info
 
 # Published Llama 3 / 3.1 configurations.
 CONFIGS = {
@@ -96,23 +97,6 @@ def run_child(size):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def machine():
-    import jax
-    import keras
-    import keras_hub
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "keras": keras.__version__,
-        "keras_hub": keras_hub.__version__,
-    }
-
-
 def table(results):
     lines = [
         f"{'model':<12} {'vars':>5} {'params':>8} {'build s':>8} {'rss MiB':>8}  {'lint':<18} {'lint s':>7} {'traced MiB':>10}  "
@@ -146,7 +130,7 @@ def main():
         "what": "kdist.lint on abstractly built keras-hub LlamaBackbones; each size in a fresh process",
         "meshes": list(MESHES),
         "results": results,
-        "machine": dict(machine(), load_average_before=load_before, load_average_after=os.getloadavg()),
+        "machine": dict(machine_info(), load_average_before=load_before, load_average_after=os.getloadavg()),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     RESULTS.parent.mkdir(exist_ok=True)

@@ -12,34 +12,17 @@ Writes benchmarks/results/plan_405b.json.
 
 import json
 import math
-import os
-import platform
 import resource
 import time
 from pathlib import Path
+
+from kdist.machine import machine_info
 
 BATCH, SEQUENCE = 256, 4096  # a million tokens per step
 CONFIG = dict(
     vocabulary_size=128256, num_layers=126, hidden_dim=16384, num_query_heads=128, num_key_value_heads=8,
     intermediate_dim=53248, dtype="bfloat16",
 )
-
-
-def machine_info():
-    import jax
-    import keras
-    import keras_hub
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "keras": keras.__version__,
-        "keras_hub": keras_hub.__version__,
-        "jax_devices": jax.device_count(),
-    }
 
 
 def main():

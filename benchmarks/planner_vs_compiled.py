@@ -13,31 +13,16 @@ Writes benchmarks/results/planner_vs_compiled.json.
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
+
+from kdist.machine import machine_info
 
 FAMILIES = {
     "mlp": dict(batch_size=64),
     "tiny-transformer": dict(batch_size=16),
     "tiny-llama3": dict(batch_size=8, sequence_length=16),
 }
-
-
-def machine_info():
-    import jax
-    import keras
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "keras": keras.__version__,
-        "devices": f"{jax.device_count()} x {jax.devices()[0].platform}",
-    }
 
 
 def main():

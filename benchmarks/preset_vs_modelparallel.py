@@ -11,12 +11,12 @@ Writes benchmarks/results/preset_vs_modelparallel.json.
 
 import argparse
 import json
-import os
-import platform
 import re
 import statistics
 import time
 from pathlib import Path
+
+from kdist.machine import machine_info
 
 
 def build_mlp():
@@ -121,26 +121,12 @@ def main():
         "within_1_02": abs(ratio - 1) <= 0.02,
         "same_variable_layouts": same_layouts,
         "same_compiled_program": same_program,
-        "machine": machine_info(jax, keras),
+        "machine": machine_info(),
     }
     print(json.dumps(result, indent=2))
     out = Path(__file__).parent / "results" / "preset_vs_modelparallel.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-
-
-def machine_info(jax, keras):
-    devices = jax.devices()
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "keras": keras.__version__,
-        "devices": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
-        "note": "fake CPU devices share the host's cores: times say nothing about accelerators",
-    }
 
 
 if __name__ == "__main__":

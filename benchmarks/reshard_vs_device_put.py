@@ -22,12 +22,11 @@ Writes benchmarks/results/reshard_vs_device_put.json.
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
+
+from kdist.machine import machine_info
 
 CYCLE = ("8x1", "2x4", "1x8", "fsdp", "8x1")
 
@@ -57,7 +56,7 @@ def main():
         "repeats": args.repeats,
         "runs": runs,
         "ratio_reshard_over_device_put_median": statistics.median(ratios),
-        "machine": machine_info(jax, keras),
+        "machine": machine_info(),
     }
     out = Path(__file__).parent / "results" / "reshard_vs_device_put.json"
     out.parent.mkdir(exist_ok=True)
@@ -68,7 +67,7 @@ def main():
 def run_model(kdist, jax, keras, hidden, layers, vocabulary, repeats):
     import numpy as np
 
-    reshard_module = sys.modules["kdist.reshard"]
+    from kdist import resharding as reshard_module
     keras.distribution.set_distribution(kdist.preset(CYCLE[0]))
     keras.utils.set_random_seed(0)
     model = kdist.models.tiny_transformer(vocabulary_size=vocabulary, sequence_length=32, hidden_dim=hidden, num_heads=4, num_layers=layers)
@@ -92,16 +91,16 @@ def run_model(kdist, jax, keras, hidden, layers, vocabulary, repeats):
             order = ("reshard", "device_put", "plan") if repeat % 2 == 0 else ("plan", "device_put", "reshard")
             for what in order:
                 kdist.reshard(model, source_dist)
+                copies = None  # a plain device_put frees nothing: its copies live past the timer
                 start = time.perf_counter()
                 if what == "reshard":
                     kdist.reshard(model, target_dist)
                 elif what == "plan":
                     kdist.plan_reshape(model, target_dist)
                 else:
-                    # The copies are kept past the timer: a plain device_put frees nothing.
                     copies = jax.block_until_ready(jax.device_put([v.value for v, _ in entries], shardings))
                 elapsed = time.perf_counter() - start
-                copies = None
+                del copies
                 if repeat:
                     times[what].append(elapsed)
         median = {what: statistics.median(t) for what, t in times.items()}
@@ -124,20 +123,6 @@ def run_model(kdist, jax, keras, hidden, layers, vocabulary, repeats):
         )
     del entries
     return {"model": name, "parameters": int(model.count_params()), "state_bytes": int(state_bytes), "hops": hops}
-
-
-def machine_info(jax, keras):
-    devices = jax.devices()
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "keras": keras.__version__,
-        "devices": f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})",
-        "note": "fake CPU devices share the host's cores: times say nothing about accelerators",
-    }
 
 
 if __name__ == "__main__":

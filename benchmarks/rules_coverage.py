@@ -20,10 +20,11 @@ Writes benchmarks/results/rules_coverage.json and the tables of docs/rules.md
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
+
+from kdist.machine import machine_info
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("KDIST_FAKE_DEVICES", "8")
@@ -153,21 +154,6 @@ def tables(rows, published):
     return "\n".join(lines)
 
 
-def machine():
-    import jax
-    import keras
-    import keras_hub
-
-    return {
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "keras": keras.__version__,
-        "keras_hub": keras_hub.__version__,
-    }
-
-
 def write_docs(text, meta):
     start, end = "<!-- coverage:start -->", "<!-- coverage:end -->"
     docs = DOCS.read_text()
@@ -182,7 +168,7 @@ def write_docs(text, meta):
 def main():
     t = time.time()
     rows, published = measure()
-    meta = machine()
+    meta = machine_info()
     meta["seconds"] = round(time.time() - t, 1)
     text = tables(rows, published)
     print(text)

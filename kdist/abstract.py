@@ -1,16 +1,36 @@
 """Building models without allocating their weights."""
 
+import contextlib
+
 from keras.src.backend.common import global_state
+
+
+@contextlib.contextmanager
+def deferred():
+    """Create variables without values, and keep them abstract.
+
+    Like `keras.StatelessScope(initialize_variables=False)`, but the variables
+    created inside are taken off Keras's initialise-later list, so a later
+    top-level `StatelessScope` (Keras opens them while training) does not
+    allocate them behind your back.
+    """
+    import keras
+
+    pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+    before = len(pending)
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+        del pending[before:]
 
 
 def abstract_model(build, *args, **kwargs):
     """Call `build(*args, **kwargs)` with variable creation deferred: no weights are allocated.
 
     The variables have path, shape and dtype, but no value, so linting,
-    inspecting and planning a 70B-parameter model runs on a laptop. They stay
-    abstract: unlike a bare `keras.StatelessScope(initialize_variables=False)`,
-    a later top-level `StatelessScope` (Keras opens them while training) does
-    not initialize them behind your back.
+    inspecting and planning a 70B-parameter model runs on a laptop.
 
     Example:
 
@@ -19,11 +39,5 @@ def abstract_model(build, *args, **kwargs):
     kdist.inspect(model, distribution=kdist.preset("2x4"))
     ```
     """
-    import keras
-
-    pending = list(global_state.get_global_attribute("uninitialized_variables", []))
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            return build(*args, **kwargs)
-    finally:
-        global_state.set_global_attribute("uninitialized_variables", pending)
+    with deferred():
+        return build(*args, **kwargs)

@@ -16,6 +16,8 @@ Needs the `orbax-checkpoint` package (`pip install orbax-checkpoint`).
 
 import os
 
+from kdist.errors import MissingDependencyError
+
 KINDS = ("trainable_variables", "non_trainable_variables", "optimizer_variables", "metrics_variables")
 REQUIRED = ("trainable_variables", "non_trainable_variables")
 CHECKPOINTABLE = "pytree"
@@ -109,7 +111,9 @@ def _orbax():
     try:
         import orbax.checkpoint as ocp
     except ImportError as e:
-        raise ImportError("kdist.save_sharded/load_sharded need orbax-checkpoint: pip install orbax-checkpoint") from e
+        raise MissingDependencyError(
+            "kdist.save_sharded/load_sharded need orbax-checkpoint: pip install orbax-checkpoint (or kdist[checkpoint])"
+        ) from e
     return ocp.v1
 
 

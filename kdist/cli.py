@@ -47,7 +47,8 @@ def _choose_devices(args):
 
     n = args.fake_devices
     if n is None and not os.environ.get(ENV_VAR) and not _has_accelerator():
-        n = getattr(args, "default_fake_devices", None)
+        default = getattr(args, "default_fake_devices", None)
+        n = default(args) if callable(default) else default
     if n is not None:
         fake_devices(n)
 

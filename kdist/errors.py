@@ -19,3 +19,7 @@ class SpecError(KdistError, ValueError):
 
 class RuleError(KdistError, ValueError):
     """A layout rule cannot be applied to a variable or a mesh."""
+
+
+class MissingDependencyError(KdistError, ImportError):
+    """An optional dependency (keras-hub, orbax-checkpoint) is not installed."""

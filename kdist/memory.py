@@ -1,9 +1,9 @@
 """Memory: reading sizes ("80GB", "80GiB", "8e10") and tracing what a training step keeps for its backward pass."""
 
-import contextlib
 import math
 import re
 
+from kdist.abstract import deferred
 from kdist.errors import KdistError
 
 _UNITS = {
@@ -57,22 +57,6 @@ def parse_size(value, name="size"):
     if not math.isfinite(number) or number <= 0:
         raise SizeError(f"{name}={value!r} must be a positive size. Give {SIZE_FORMS}.")
     return int(round(number))
-
-
-@contextlib.contextmanager
-def deferred():
-    """Create variables without values, and keep them off Keras's initialise-later list so no scope exit allocates them."""
-    import keras
-    from keras.src.backend.common import global_state
-
-    pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
-    before = len(pending)
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            yield
-    finally:
-        pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
-        del pending[before:]
 
 
 def saved_activations(model, inputs):

@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from kdist.errors import KdistError
-from kdist.memory import TRACE_BATCH, deferred, is_float, itemsize, parse_size, saved_activations
+from kdist.abstract import deferred
+from kdist.memory import TRACE_BATCH, is_float, itemsize, parse_size, saved_activations
 
 DEFAULT_BANDWIDTH = 100e9  # bytes/s per device, one direction (about one TPU ICI link or a fraction of NVLink)
 DEFAULT_LATENCY = 10e-6  # seconds per collective step
@@ -583,8 +584,8 @@ def _sharded_dim_sizes(rows, axes):
 def _activation_bytes(facts, local_batch, sharded_sizes, axes):
     """Saved activations on one device (see docs/plan.md, "Activations")."""
     total = 0
-    for shape, itemsize, count in facts.residuals:
-        size = math.prod(shape) * itemsize
+    for shape, element_bytes, count in facts.residuals:
+        size = math.prod(shape) * element_bytes
         if any(d % TRACE_BATCH == 0 for d in shape):
             size = size * local_batch / TRACE_BATCH
         for axis, sizes in sharded_sizes.items():

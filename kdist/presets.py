@@ -4,7 +4,7 @@ import numpy as np
 
 from kdist.distribution import ShardedDistribution
 from kdist.errors import SpecError
-from kdist.parallel_dims import ParallelDims
+from kdist.parallel_dims import AUTO_NEEDS, ParallelDims
 from kdist.rules import AUTO, Rule, RuleSet, get_rules
 
 
@@ -77,8 +77,6 @@ def preset(spec, *, devices=None, axis_names=None, rules=None, model=None, **pla
 
 def _auto_spec(model, devices, rules, plan_options):
     import jax
-
-    from kdist.parallel_dims import AUTO_NEEDS
 
     if model is None or "batch_size" not in plan_options:
         raise SpecError(AUTO_NEEDS)

@@ -13,6 +13,7 @@ import functools
 import importlib
 
 from kdist import models
+from kdist.errors import MissingDependencyError
 
 # name -> (build function, description)
 ENTRIES = {
@@ -46,11 +47,11 @@ def load_model(name, *, abstract=True):
 
 
 def keras_hub():
-    """Import keras_hub, or raise an ImportError that says how to install it."""
+    """Import keras_hub, or raise a MissingDependencyError that says how to install it."""
     try:
         return importlib.import_module("keras_hub")
     except ImportError as e:
-        raise ImportError(f"{HUB_INSTALL} ({e})") from None
+        raise MissingDependencyError(f"{HUB_INSTALL} ({e})") from None
 
 
 def hub_backbone(class_name, **config):

@@ -1,6 +1,6 @@
 """kdist.BackupAndRestore in one process: a run killed mid-epoch resumes where it stopped, on the same or another mesh.
 
-The multi-process case (2 processes x 4 devices, one SIGKILLed) is in test_launch.py.
+The multi-process case (2 processes x 4 devices, one SIGKILLed) is in test_launcher.py.
 """
 
 import shutil

@@ -103,7 +103,7 @@ def test_two_processes_join_one_run_from_tf_config_alone():
     import subprocess
     import sys
 
-    from kdist.launch import free_port, process_env
+    from kdist.launcher import free_port, process_env
 
     workers = [f"127.0.0.1:{free_port()}", "127.0.0.1:1"]  # only worker 0's port is listened on
     code = (

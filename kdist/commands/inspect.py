@@ -1,6 +1,5 @@
 """`kdist inspect`: where each variable of a model lives on a mesh, and how full each device is."""
 
-import argparse
 import math
 import re
 import sys
@@ -21,7 +20,7 @@ def register(commands, common):
         ),
     )
     inspect.add_argument("model", metavar="MODEL", help="a zoo entry (e.g. mlp, llama3-8b) or module:function returning a model")
-    inspect.add_argument("--mesh", default="2x4", action=_MeshAction, help='mesh spec (default "2x4")')
+    inspect.add_argument("--mesh", default="2x4", help='mesh spec (default "2x4")')
     inspect.add_argument("--rules", metavar="FILE", help="a .json or .toml rules file (default: kdist's built-in rules)")
     inspect.add_argument("--optimizer", metavar="NAME", help="plan optimizer state for this Keras optimizer (adam, adamw, sgd, ...)")
     inspect.add_argument("--var", metavar="REGEX", help="only variables whose path matches REGEX (re.search)")
@@ -32,15 +31,7 @@ def register(commands, common):
     inspect.add_argument("--grid", metavar="PATH", help="also draw which slice of variable PATH each device holds")
     inspect.add_argument("--rows", metavar="AXES", help="mesh axes (comma-separated) drawn as grid rows")
     inspect.add_argument("--cols", metavar="AXES", help="mesh axes (comma-separated) drawn as grid columns")
-    inspect.set_defaults(run=run, default_fake_devices=devices_for("2x4"))
-
-
-class _MeshAction(argparse.Action):
-    """Stores --mesh and the number of fake devices it needs (the default on a CPU-only machine)."""
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        setattr(namespace, self.dest, value)
-        namespace.default_fake_devices = devices_for(value)
+    inspect.set_defaults(run=run, default_fake_devices=lambda args: devices_for(args.mesh))
 
 
 def devices_for(spec):

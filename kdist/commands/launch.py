@@ -36,7 +36,7 @@ def register(commands, common):
 
 
 def run(args):
-    from kdist.launch import launch
+    from kdist.launcher import launch
 
     command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
     if args.module:

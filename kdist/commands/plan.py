@@ -1,16 +1,5 @@
 """`kdist plan`: rank the meshes of N devices for a model and recommend one."""
 
-import argparse
-
-
-class _FakeDevicesForVerify(argparse.Action):
-    """--verify compiles on --devices fake devices: make that the command's default device count."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, True if self.nargs == 0 else values)
-        if getattr(namespace, "verify", False) and getattr(namespace, "devices", None):
-            namespace.default_fake_devices = namespace.devices
-
 
 def register(commands, common):
     plan = commands.add_parser(
@@ -25,7 +14,7 @@ def register(commands, common):
         ),
     )
     plan.add_argument("model", help='a zoo name (e.g. "mlp", "tiny-transformer", "llama3-8b") or "module:function"')
-    plan.add_argument("--devices", type=int, required=True, action=_FakeDevicesForVerify, help="number of devices to plan for")
+    plan.add_argument("--devices", type=int, required=True, help="number of devices to plan for")
     plan.add_argument("--batch-size", type=int, required=True, help="global batch size")
     plan.add_argument("--seq-len", type=int, help="sequence length (tokens per example) for models with unknown lengths")
     plan.add_argument("--memory", help='memory per device, e.g. "80GB", "80GiB", "8e10"')
@@ -35,11 +24,12 @@ def register(commands, common):
     plan.add_argument("--latency", type=float, default=10e-6, help="seconds per collective step (default 1e-5)")
     plan.add_argument("--rules", help='rule set name or rules file (default: kdist\'s rules, "auto")')
     plan.add_argument(
-        "--verify", nargs=0, default=False, action=_FakeDevicesForVerify,
+        "--verify", action="store_true",
         help="compile each mesh's training step on fake devices (as many as --devices, unless --fake-devices says)",
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-    plan.set_defaults(run=run)
+    # Planning needs no devices; --verify compiles on --devices fake devices.
+    plan.set_defaults(run=run, default_fake_devices=lambda args: args.devices if args.verify else None)
 
 
 def run(args):

@@ -1,15 +1,6 @@
 """`kdist sweep MODEL`: time a model's training step under several mesh shapes."""
 
-import argparse
 import sys
-
-
-class _Devices(argparse.Action):
-    """--devices N also makes N the default fake device count on a CPU-only machine."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
-        namespace.default_fake_devices = values
 
 
 def register(commands, common):
@@ -17,7 +8,7 @@ def register(commands, common):
         "sweep", parents=[common], help="train a model under each mesh shape and compare step time, memory and losses"
     )
     sweep.add_argument("model", help='a zoo model ("mlp", "cnn", "tiny-transformer") or "module:function"')
-    sweep.add_argument("--devices", type=int, default=8, action=_Devices, metavar="N", help="devices to build meshes on (default 8)")
+    sweep.add_argument("--devices", type=int, default=8, metavar="N", help="devices to build meshes on (default 8)")
     sweep.add_argument(
         "--meshes", default="all", metavar="SPECS",
         help='comma-separated mesh specs, e.g. "8x1,2x4,fsdp" (default "all": every data x model '
@@ -29,7 +20,7 @@ def register(commands, common):
     sweep.add_argument("--strict", action="store_true", help="fail shapes whose rules had to replicate a dimension")
     sweep.add_argument("--seed", type=int, default=0, metavar="S", help="seed for weights and data (default 0)")
     sweep.add_argument("--out", metavar="DIR", help="write sweep.csv, sweep.json and sweep.png there")
-    sweep.set_defaults(run=run, default_fake_devices=8)
+    sweep.set_defaults(run=run, default_fake_devices=lambda args: args.devices)
 
 
 def run(args):
@@ -39,7 +30,7 @@ def run(args):
     from rich.console import Console
 
     from kdist.errors import SpecError
-    from kdist.sweep import random_data, sweep
+    from kdist.sweeps import random_data, sweep
     from kdist.zoo import load_model
 
     console = Console()

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 import kdist
-from kdist.sweep import NO_ESTIMATE, SweepResult, mesh_factorisations, random_data, sweep
+from kdist.sweeps import NO_ESTIMATE, SweepResult, mesh_factorisations, random_data, sweep
 
 STEPS, WARMUP, BATCH = 3, 1, 8
 MESHES = ["8x1", "4x2", "2x4", "dp", "1x8"]
@@ -114,9 +114,34 @@ def test_estimate_column_and_memory_limit():
     assert row.failure_stage == "memory" and "does not fit" in row.failure and "1000 B" in row.failure
 
 
-def test_estimate_is_reported_as_not_available(result):
-    assert all(r.estimate_bytes is None and r.estimate_note == NO_ESTIMATE for r in result.rows)
-    assert NO_ESTIMATE == "not available (planner not built)"
+def test_estimate_comes_from_the_planner_by_default(result):
+    plan = kdist.plan(kdist.abstract_model(tiny_model), 8, batch_size=BATCH, optimizer="adam")
+    for r in result.ok_rows:
+        axes = {k: v for k, v in r.axes.items() if v > 1}
+        expected = next(c for c in plan.candidates if c.axes == axes).peak
+        assert r.estimate_note == "planner estimate" and r.estimate_bytes == expected
+
+
+def test_estimate_can_be_turned_off():
+    x, y = tiny_data(8)
+    row = sweep(
+        tiny_model, (x, y), ["dp"], steps=1, warmup=0, batch_size=8, loss="sparse_categorical_crossentropy",
+        estimate=None, direct_check=False, progress=False,
+    ).rows[0]
+    assert row.estimate_bytes is None and row.estimate_note == NO_ESTIMATE
+
+
+def test_a_failing_estimate_is_a_note_not_a_failed_shape():
+    def broken(model, distribution):
+        raise LookupError("no such mesh")
+
+    x, y = tiny_data(8)
+    row = sweep(
+        tiny_model, (x, y), ["dp"], steps=1, warmup=0, batch_size=8, loss="sparse_categorical_crossentropy",
+        estimate=broken, direct_check=False, progress=False,
+    ).rows[0]
+    assert row.ok and row.estimate_bytes is None
+    assert row.estimate_note == "not available: LookupError: no such mesh"
 
 
 def test_fastest_shape_is_marked(result):
@@ -160,12 +185,12 @@ def test_outputs_table_csv_json_png(result, tmp_path):
     assert "★" in text and "failed (layout)" in text and "1x8 failed (layout): mesh '1x8'" in text
     assert "Losses of all 4 shapes agree to" in text
     assert "step times say nothing about accelerators" in text and "overhead" in text
-    assert NO_ESTIMATE in text
+    assert "estimate" in text
 
     with open(result.to_csv(tmp_path / "s.csv")) as f:
         records = list(csv.DictReader(f))
     assert [r["mesh"] for r in records] == MESHES
-    assert records[-1]["status"] == "failed" and records[0]["estimate_note"] == NO_ESTIMATE
+    assert records[-1]["status"] == "failed" and records[0]["estimate_note"] == "planner estimate"
     assert len(records[0]["losses"].split()) == STEPS + WARMUP
 
     with open(result.to_json(tmp_path / "s.json")) as f:
@@ -180,7 +205,7 @@ def test_outputs_table_csv_json_png(result, tmp_path):
 
 
 def test_all_meshes_means_every_factorisation_and_the_presets():
-    from kdist.sweep import _mesh_specs
+    from kdist.sweeps import _mesh_specs
 
     assert mesh_factorisations(8) == ["8x1", "4x2", "2x4", "1x8"]
     assert _mesh_specs("all", None) == ["8x1", "4x2", "2x4", "1x8", "dp", "fsdp", "tp"]
@@ -204,7 +229,7 @@ def test_cli_sweep(tmp_path, capsys):
     assert build_parser().parse_args(["sweep", "mlp", "--devices", "4"]).default_fake_devices == 4
     assert build_parser().parse_args(["sweep", "mlp"]).default_fake_devices == 8
     code = main([
-        "sweep", "tests.test_sweep:tiny_model", "--meshes", "4x2,1x8", "--steps", "2", "--warmup", "1",
+        "sweep", "tests.test_sweeps:tiny_model", "--meshes", "4x2,1x8", "--steps", "2", "--warmup", "1",
         "--batch-size", "8", "--strict", "--out", str(tmp_path),
     ])
     out = " ".join(capsys.readouterr().out.split())

@@ -21,7 +21,7 @@ import pytest
 
 import kdist
 from kdist.backup import save_checkpoint
-from kdist.launch import process_env
+from kdist.launcher import process_env
 from tests.launch_scripts import common
 from tests.launch_scripts.common import train
 from tests.subprocess_utils import _INHERITED

@@ -9,14 +9,14 @@ stage and reason, never a crash.
 
 import dataclasses
 import math
-import os
-import platform
 import statistics
 import time
 
 import numpy as np
 
-NO_ESTIMATE = "not available (planner not built)"
+from kdist.machine import machine_info
+
+NO_ESTIMATE = "not requested"
 # Timed and bare-loop steps alternate in blocks of this many steps. One step
 # keeps the comparison within a few percent even on a loaded machine; blocks
 # of 5 already let bursts of load hit one side and not the other.
@@ -223,7 +223,7 @@ def sweep(
     devices=None,
     strict=False,
     device_memory="auto",
-    estimate=None,
+    estimate="planner",
     seed=0,
     direct_check=True,
     progress=True,
@@ -266,9 +266,9 @@ def sweep(
         device_memory: bytes per device; a shape whose compiled memory needs
             more fails as "does not fit" before running. "auto": the device's
             own limit where jax reports one (not on CPU); None: no check.
-        estimate: function `(model, distribution) -> bytes per device` giving
-            a planner's estimate; without one the column says
-            "not available (planner not built)".
+        estimate: "planner" (default: `kdist.plan`'s estimated peak bytes per
+            device, planned once for all shapes, abstractly), a function
+            `(model, distribution) -> bytes per device`, or None (no column).
         seed: seed for weights and dropout, the same for every shape.
         direct_check: also time the same compiled step in a bare loop,
             alternating with the timed steps, on a copy of the state
@@ -291,6 +291,9 @@ def sweep(
     if batch_size > n:
         raise ValueError(f"batch_size={batch_size} is larger than the {n} samples in data; pass more data or a smaller batch_size.")
     device_memory = _device_memory(device_memory, devices)
+    if estimate == "planner":
+        num_devices = len(devices) if devices is not None else jax.device_count()
+        estimate = _default_estimate(build_model, num_devices, batch_size, optimizer if loss is not None else None, rules)
     settings = {
         "meshes": specs,
         "steps": steps,
@@ -331,35 +334,6 @@ def sweep(
 def mesh_factorisations(num_devices):
     """Every "data x model" spec of `num_devices`: ["8x1", "4x2", "2x4", "1x8"] for 8."""
     return [f"{num_devices // m}x{m}" for m in range(1, num_devices + 1) if num_devices % m == 0]
-
-
-def machine_info(devices=None):
-    """Where a sweep or benchmark ran: platform, CPU count, devices and versions."""
-    import jax
-    import jaxlib
-    import keras
-
-    import kdist
-
-    devices = list(devices) if devices is not None else jax.devices()
-    platform_name = devices[0].platform
-    return {
-        "platform": platform_name,
-        "device_kind": devices[0].device_kind,
-        "device_count": len(devices),
-        "fake_devices": platform_name == "cpu" and len(devices) > 1,
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "os": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "keras": keras.__version__,
-        "kdist": kdist.__version__,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
 
 
 # --- one shape -------------------------------------------------------------
@@ -443,9 +417,51 @@ def _prepare(row, spec, config, distribution, batch):
         _check_strict(spec, distribution)
     row.state_bytes = _attempt("inspect", lambda: int(kdist.inspect(model, distribution).device_bytes().max()))
     if config.estimate is not None:
-        row.estimate_bytes = _attempt("estimate", lambda: int(config.estimate(model, distribution)))
-        row.estimate_note = "planner estimate"
+        try:
+            row.estimate_bytes = int(config.estimate(model, distribution))
+            row.estimate_note = "planner estimate"
+        except Exception as e:  # an estimate is a column, not a reason to fail the shape
+            row.estimate_note = f"not available: {_describe(e)}"
     return model
+
+
+def planner_estimate(build_model, devices, *, batch_size, optimizer="adam", rules=None):
+    """An `estimate` for `sweep`: the peak bytes per device `kdist.plan` estimates for each mesh.
+
+    The model is planned once, abstractly (nothing allocated), for all the
+    meshes of `devices` devices; each shape then looks its mesh up.
+    """
+    import kdist
+
+    model = kdist.abstract_model(build_model)
+    if optimizer is None:
+        optimizer = getattr(model, "optimizer", None) or "adam"
+    plan = kdist.plan(model, devices, batch_size=batch_size, optimizer=_optimizer(optimizer), rules=rules)
+    by_axes = {tuple(sorted(c.axes.items())): c for c in plan.candidates}
+
+    def estimate(model, distribution):
+        sizes = {r: s for r, s in zip(distribution.roles, distribution.device_mesh.shape) if s > 1} or {"data": 1}
+        candidate = by_axes.get(tuple(sorted(sizes.items())))
+        if candidate is None:
+            planned = ", ".join(c.spec for c in plan.candidates)
+            raise LookupError(f"the planner has no mesh {sizes} (it planned {planned})")
+        if not candidate.valid:
+            raise LookupError(f"the planner marks {candidate.spec} invalid: {candidate.reason}")
+        return candidate.peak
+
+    return estimate
+
+
+def _default_estimate(build_model, devices, batch_size, optimizer, rules):
+    try:
+        return planner_estimate(build_model, devices, batch_size=batch_size, optimizer=optimizer, rules=rules)
+    except Exception as e:  # every row then says why the planner could not help
+        reason = f"the planner failed: {_describe(e)}"
+
+        def unavailable(model, distribution):
+            raise LookupError(reason)
+
+        return unavailable
 
 
 def _record_times(row, config, times, direct, loop_overhead):
