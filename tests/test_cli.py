@@ -33,3 +33,18 @@ def test_bad_spec_exits_with_a_clear_error():
     result = _kdist("demo", "--mesh", "2x3")
     assert result.returncode == 2
     assert "kdist: error: Mesh spec '2x3' asks for 6 devices" in result.stderr
+
+
+def test_default_fake_device_counts_follow_the_arguments():
+    from kdist.cli import build_parser
+
+    def default(*argv):
+        args = build_parser().parse_args(list(argv))
+        value = args.default_fake_devices
+        return value(args) if callable(value) else value
+
+    assert default("demo") == 8
+    assert default("inspect", "mlp", "--mesh", "4x8") == 32
+    assert default("plan", "mlp", "--devices", "512", "--batch-size", "8") is None  # planning needs no devices
+    assert default("plan", "mlp", "--devices", "16", "--batch-size", "8", "--verify") == 16
+    assert default("sweep", "mlp", "--devices", "4") == 4

@@ -226,8 +226,9 @@ def test_random_data_fits_the_model():
 def test_cli_sweep(tmp_path, capsys):
     from kdist.cli import build_parser, main
 
-    assert build_parser().parse_args(["sweep", "mlp", "--devices", "4"]).default_fake_devices == 4
-    assert build_parser().parse_args(["sweep", "mlp"]).default_fake_devices == 8
+    for argv, devices in ((["sweep", "mlp", "--devices", "4"], 4), (["sweep", "mlp"], 8)):
+        args = build_parser().parse_args(argv)
+        assert args.default_fake_devices(args) == devices
     code = main([
         "sweep", "tests.test_sweeps:tiny_model", "--meshes", "4x2,1x8", "--steps", "2", "--warmup", "1",
         "--batch-size", "8", "--strict", "--out", str(tmp_path),
