@@ -87,7 +87,7 @@ class ShardedDistribution(ModelParallel):
         fsdp = self.axis_sizes.get("fsdp")
         if fsdp is None or fsdp[1] == 1:
             return placement
-        return _shard_fsdp(placement, *fsdp, self.fsdp_min_size)
+        return shard_fsdp(placement, *fsdp, self.fsdp_min_size)
 
     def __repr__(self):
         shape = dict(zip(self.device_mesh.axis_names, self.device_mesh.shape))
@@ -105,7 +105,7 @@ class _MultiAxisLayout(TensorLayout):
                 raise ValueError(f"Layout axes {sorted(unknown)} are not in mesh axes {self._device_mesh.axis_names}.")
 
 
-def _shard_fsdp(placement, axis, size, min_size):
+def shard_fsdp(placement, axis, size, min_size):
     shape, axes = placement.shape, placement.axes
     if axis in axes:
         return placement

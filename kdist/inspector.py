@@ -284,7 +284,7 @@ def inspect(model_or_variables, distribution=None, *, optimizer=None):
         distribution = keras.distribution.distribution()
     model_vars = _model_variables(model_or_variables)
     trainable = [v for v, kind in model_vars if kind == "trainable"]
-    live = bool(model_vars) and all(_is_live(v) for v, _ in model_vars)
+    live = bool(model_vars) and all(is_live(v) for v, _ in model_vars)
     opt_vars, slots, opt_name, planned = _optimizer_variables(model_or_variables, optimizer, trainable, plan=not live)
     own = {id(v) for v, _ in model_vars}
     variables = model_vars + [(v, "optimizer") for v in opt_vars if id(v) not in own]
@@ -336,7 +336,7 @@ def grid_view(x, rows=None, cols=None, *, distribution=None, name=None):
     import keras
 
     path = name or getattr(x, "path", None) or "array"
-    if not isinstance(x, jax.Array) and _is_live(x):
+    if not isinstance(x, jax.Array) and is_live(x):
         x = _array(x)
     if isinstance(x, jax.Array):
         sharding = x.sharding
@@ -455,13 +455,13 @@ class _Mesh:
 
 
 def _live_report(variables, slots, distribution, planned):
-    devices = sorted({_device_name(d) for v, _ in variables if _is_live(v) for d in _array(v).sharding.device_set}, key=_device_sort_key)
+    devices = sorted({_device_name(d) for v, _ in variables if is_live(v) for d in _array(v).sharding.device_set}, key=_device_sort_key)
     mesh = _live_mesh(variables, distribution, devices)
     index = {d: i for i, d in enumerate(devices)}
     rows, by_path = [], {}
     pending = []
     for v, kind in variables:
-        if _is_live(v) and id(v) not in planned:
+        if is_live(v) and id(v) not in planned:
             row = _live_row(v, kind, index, distribution)
             reference = by_path.get(getattr(slots.get(id(v)), "path", None))
             if reference is not None and reference.spec == row.spec:  # a built slot: its reference's provenance
@@ -492,7 +492,7 @@ def _live_mesh(variables, distribution, devices):
     import jax
 
     for v, _ in variables:
-        if _is_live(v) and isinstance(_array(v).sharding, jax.sharding.NamedSharding):
+        if is_live(v) and isinstance(_array(v).sharding, jax.sharding.NamedSharding):
             mesh = _Mesh.from_jax(_array(v).sharding.mesh)
             if set(mesh.devices) == set(devices):
                 return mesh
@@ -677,10 +677,10 @@ def _optimizer_variables(obj, optimizer, trainable, plan):
         optimizer = own
     if isinstance(optimizer, keras.optimizers.Optimizer) and optimizer.built:
         return list(optimizer.variables), _slots_by_name(optimizer, trainable), optimizer.name, False
-    return (*_plan_optimizer(_new_optimizer(optimizer), trainable), True)
+    return (*plan_optimizer(new_optimizer(optimizer), trainable), True)
 
 
-def _new_optimizer(optimizer):
+def new_optimizer(optimizer):
     import keras
 
     if isinstance(optimizer, keras.optimizers.Optimizer):
@@ -698,7 +698,7 @@ def _new_optimizer(optimizer):
     raise TypeError(f"optimizer must be a name, a config dict or a keras.optimizers.Optimizer; received {type(optimizer).__name__}.")
 
 
-def _plan_optimizer(optimizer, trainable):
+def plan_optimizer(optimizer, trainable):
     """Build `optimizer` with its variables deferred (nothing allocated) and record each slot's reference.
 
     Only `add_variable` runs in a `StatelessScope`: a placeholder an optimizer
@@ -828,7 +828,7 @@ def _array(variable):
     return value if hasattr(value, "addressable_shards") else None
 
 
-def _is_live(variable):
+def is_live(variable):
     return _array(variable) is not None
 
 

@@ -20,7 +20,7 @@ import re
 
 from kdist.parallel_dims import ROLES
 from kdist.rules.binding import bind_mesh
-from kdist.rules.rule import ELLIPSIS, Rule, RuleSet, _bind, _expand, _fits_rank, place_with_rule
+from kdist.rules.rule import ELLIPSIS, Rule, RuleSet, bind_layout, expand_layout, fits_rank, place_with_rule
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITIES = (ERROR, WARNING, INFO)
@@ -320,9 +320,9 @@ def _checker(rules, mesh):
 
 def _named_rules(name, mesh):
     """The rules `kdist.preset(spec, rules=name)` uses on a mesh with these roles: "auto", a rule set name or a file."""
-    from kdist.presets import _rule_set
+    from kdist.presets import resolve_rules
 
-    return _rule_set(name, mesh)
+    return resolve_rules(name, mesh)
 
 
 # ---------------------------------------------------------------------------
@@ -410,7 +410,7 @@ class _RuleSetChecker:
                 "KD304", INFO, f"No rule matches {v.path!r} {v.shape}: it is replicated. Add a rule (e.g. (pattern, ()) to replicate it on purpose).", path=v.path
             ))
             return self._fsdp(v, axes)
-        if not any(_fits_rank(layout, len(v.shape)) for layout in rule.layouts):
+        if not any(fits_rank(layout, len(v.shape)) for layout in rule.layouts):
             findings.append(Finding(
                 "KD102", ERROR,
                 f"Rule {rule.pattern!r} matches {v.path!r} of shape {v.shape} (rank {len(v.shape)}), but its layouts "
@@ -441,7 +441,7 @@ class _RuleSetChecker:
         )
 
     def _fallback_finding(self, v, rule, placement):
-        candidates = [_bind(rule, _expand(layout, len(v.shape)), self.axis_sizes) for layout in rule.layouts if _fits_rank(layout, len(v.shape))]
+        candidates = [bind_layout(rule, expand_layout(layout, len(v.shape)), self.axis_sizes) for layout in rule.layouts if fits_rank(layout, len(v.shape))]
         if placement.axes in candidates:
             return Finding(
                 "KD302", INFO,
@@ -456,13 +456,13 @@ class _RuleSetChecker:
         )
 
     def _fsdp(self, v, axes):
-        from kdist.distribution import _shard_fsdp
+        from kdist.distribution import shard_fsdp
         from kdist.rules.rule import Placement
 
         fsdp = self.axis_sizes.get("fsdp")
         if fsdp is None or fsdp[1] == 1:
             return axes
-        return _shard_fsdp(Placement(v.path, v.shape, axes, "rule"), *fsdp, self.fsdp_min_size).axes
+        return shard_fsdp(Placement(v.path, v.shape, axes, "rule"), *fsdp, self.fsdp_min_size).axes
 
     def _rule_findings(self, rule, matched, won, variables):
         if not matched:

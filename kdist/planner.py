@@ -357,10 +357,10 @@ class _ModelFacts:
     def rule_set(self, roles):
         """The rule set `kdist.preset` would use on a mesh with `roles`, with rule matches cached."""
         from kdist.parallel_dims import ParallelDims
-        from kdist.presets import _rule_set
+        from kdist.presets import resolve_rules
 
         spec = ",".join(f"{r}=1" for r in roles)
-        rules = _rule_set(self.rules_arg, ParallelDims.parse(spec, 1))
+        rules = resolve_rules(self.rules_arg, ParallelDims.parse(spec, 1))
         if id(rules) not in self._rule_sets:
             self._rule_sets[id(rules)] = _cached_matches(rules)
         return self._rule_sets[id(rules)]
@@ -412,10 +412,10 @@ def _variables(subject):
 
 def _abstract_subject(model_or_variables):
     """The model, or deferred copies of its variables when they hold values (so layouts are planned, not read)."""
-    from kdist.inspector import _is_live
+    from kdist.inspector import is_live
 
     variables = _variables(model_or_variables)
-    if not any(_is_live(v) for v in variables):
+    if not any(is_live(v) for v in variables):
         return model_or_variables
     return [_deferred_copy(v) for v in variables]
 
@@ -431,12 +431,12 @@ def _deferred_copy(variable):
 
 def _planned_optimizer(optimizer, trainable):
     """A new Keras optimizer like `optimizer`, built on deferred variables (nothing allocated), as the inspector plans it."""
-    from kdist.inspector import _new_optimizer, _plan_optimizer
+    from kdist.inspector import new_optimizer, plan_optimizer
 
     if optimizer is None:
         return None, "none"
-    built = _new_optimizer(optimizer)  # an instance is copied from its config, never built again
-    _plan_optimizer(built, trainable)
+    built = new_optimizer(optimizer)  # an instance is copied from its config, never built again
+    plan_optimizer(built, trainable)
     return built, built.name
 
 
@@ -879,11 +879,11 @@ def compiled_memory(facts, candidate, batch_size):
         lambda t: jax.ShapeDtypeStruct((batch_size, *(seq if d is None else d for d in t.shape[1:-1])), "int32"), outputs
     )
     loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
-    from kdist.inspector import _new_optimizer
+    from kdist.inspector import new_optimizer
 
     if facts.optimizer is None:
         raise PlanError("verify=True compiles a training step, which needs an optimizer: pass optimizer='adam' (or another).")
-    optimizer = _new_optimizer(facts.optimizer)  # its scalars hold values: made outside the deferred scope
+    optimizer = new_optimizer(facts.optimizer)  # its scalars hold values: made outside the deferred scope
     with deferred():
         clone.compile(optimizer=optimizer, loss=loss)
         clone._symbolic_build(data_batch=(x, y))

@@ -72,7 +72,7 @@ def preset(spec, *, devices=None, axis_names=None, rules=None, model=None, **pla
     elif model is not None or plan_options:
         raise TypeError(f"model= and plan options ({sorted(plan_options)}) are for kdist.preset(\"auto\", ...); received spec {spec!r}.")
     dims, device_mesh = _build(spec, devices, axis_names)
-    return ShardedDistribution(device_mesh, _rule_set(rules, dims), roles=dims.roles, spec=spec)
+    return ShardedDistribution(device_mesh, resolve_rules(rules, dims), roles=dims.roles, spec=spec)
 
 
 def _auto_spec(model, devices, rules, plan_options):
@@ -127,7 +127,7 @@ def _jax_devices(devices):
     return np.array(resolved).ravel().tolist()
 
 
-def _rule_set(rules, dims):
+def resolve_rules(rules, dims):
     from keras.distribution import LayoutMap
 
     if rules is None or (isinstance(rules, str) and rules == "auto"):

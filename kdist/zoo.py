@@ -42,7 +42,7 @@ def load_model(name, *, abstract=True):
     """
     from kdist.abstract import abstract_model
 
-    build = _builder(name)
+    build = model_builder(name)
     return abstract_model(build) if abstract else build()
 
 
@@ -216,7 +216,7 @@ for _family, (_class, _config) in TINY.items():
     register(f"tiny-{_family.replace('_', '-')}", functools.partial(hub_backbone, _class, **_config), f"keras-hub {_class} at a tiny config")
 
 
-def _builder(name):
+def model_builder(name):
     if name in ENTRIES:
         return ENTRIES[name][0]
     if ":" in name:

@@ -45,7 +45,7 @@ def run(args):
     from kdist import zoo
 
     # The builder, not a built model: --verify rebuilds the model for each mesh.
-    build = zoo._builder(args.model) if args.verify else None
+    build = zoo.model_builder(args.model) if args.verify else None
     model = build if build is not None else load_model(args.model)
     result = plan(
         model,

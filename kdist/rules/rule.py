@@ -178,7 +178,7 @@ class RuleSet:
             exclude = "".join(f"(?!(?:{p})$)" for p in earlier)
             layout = rule.layouts[0]
             if ELLIPSIS not in layout:
-                layout_map[f"^{exclude}(?:{rule.pattern})$"] = _bind(rule, layout, axis_sizes)
+                layout_map[f"^{exclude}(?:{rule.pattern})$"] = bind_layout(rule, layout, axis_sizes)
             earlier.append(rule.pattern)
         return layout_map
 
@@ -203,7 +203,7 @@ class RuleSet:
 
 
 def place_with_rule(rule, path, shape, axis_sizes):
-    fitting = [layout for layout in rule.layouts if _fits_rank(layout, len(shape))]
+    fitting = [layout for layout in rule.layouts if fits_rank(layout, len(shape))]
     if not fitting:
         raise RuleError(
             f"Rule {rule.pattern!r} matches variable {path!r} of shape {shape}, but "
@@ -220,14 +220,14 @@ def place_with_rule(rule, path, shape, axis_sizes):
                 tried.append(f"layout {layout}: the mesh has no {missing} axis")
         fitting = usable
     for layout in fitting:
-        axes = _bind(rule, _expand(layout, len(shape)), axis_sizes)
+        axes = bind_layout(rule, expand_layout(layout, len(shape)), axis_sizes)
         bad = _indivisible(shape, axes, axis_sizes)
         if not bad:
             source = "rule" if layout is rule.layouts[0] else "fallback"
             reason = "; ".join(tried)
             return Placement(path, shape, axes, source, rule, reason)
         tried.append(_describe(axes, bad, shape, axis_sizes))
-    axes = _bind(rule, _expand(fitting[0], len(shape)), axis_sizes)
+    axes = bind_layout(rule, expand_layout(fitting[0], len(shape)), axis_sizes)
     bad = _indivisible(shape, axes, axis_sizes)
     axes = tuple(None if i in bad else a for i, a in enumerate(axes))
     skipped = len(tried) - len(fitting)
@@ -239,7 +239,7 @@ def _missing_roles(layout, axis_sizes):
     return [a for a in layout if a in _ROLE_NAMES and a not in axis_sizes]
 
 
-def _bind(rule, layout, axis_sizes):
+def bind_layout(rule, layout, axis_sizes):
     bound = []
     for axis in layout:
         if axis is None or axis == ELLIPSIS:
@@ -268,7 +268,7 @@ def _describe(axes, bad, shape, axis_sizes):
     return f"layout {axes}: " + ", ".join(parts)
 
 
-def _expand(layout, rank):
+def expand_layout(layout, rank):
     if ELLIPSIS not in layout:
         return layout + (None,) * (rank - len(layout))
     i = layout.index(ELLIPSIS)
@@ -276,7 +276,7 @@ def _expand(layout, rank):
     return layout[:i] + (None,) * fill + layout[i + 1 :]
 
 
-def _fits_rank(layout, rank):
+def fits_rank(layout, rank):
     return len(layout) - (ELLIPSIS in layout) <= rank
 
 
