@@ -11,11 +11,12 @@ import csv
 import dataclasses
 import functools
 import io
-import json
 import math
 import re
 
 import numpy as np
+
+from kdist.export import JSONExport
 
 KINDS = ("trainable", "non_trainable", "optimizer", "metric")
 
@@ -90,7 +91,7 @@ class VariableReport:
 
 
 @dataclasses.dataclass
-class ShardingReport:
+class ShardingReport(JSONExport):
     """What `kdist.inspect` returns: print it, show it in a notebook, or export it.
 
     Example:
@@ -185,14 +186,6 @@ class ShardingReport:
             "summary": self.summary,
         }
 
-    def to_json(self, path=None, indent=1):
-        """The report as JSON text; also written to `path` when given."""
-        text = json.dumps(self.to_dict(), indent=indent)
-        if path is not None:
-            with open(path, "w") as f:
-                f.write(text + "\n")
-        return text
-
     def to_csv(self, path=None):
         """One row per variable, with one bytes column per device; also written to `path` when given."""
         out = io.StringIO()
@@ -282,7 +275,7 @@ def inspect(model_or_variables, distribution=None, *, optimizer=None):
 
     if distribution is None:
         distribution = keras.distribution.distribution()
-    model_vars = _model_variables(model_or_variables)
+    model_vars = model_variables(model_or_variables)
     trainable = [v for v, kind in model_vars if kind == "trainable"]
     live = bool(model_vars) and all(is_live(v) for v, _ in model_vars)
     opt_vars, slots, opt_name, planned = _optimizer_variables(model_or_variables, optimizer, trainable, plan=not live)
@@ -644,7 +637,7 @@ def _layout_map_key(layout_map, path):
 # --- Variables and optimizer slots ---------------------------------------------------------------
 
 
-def _model_variables(obj):
+def model_variables(obj):
     """(variable, kind) for the model's own variables: trainable, non-trainable, metrics."""
     if isinstance(obj, (list, tuple)):
         return [(v, "trainable" if getattr(v, "trainable", True) else "non_trainable") for v in obj]

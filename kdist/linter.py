@@ -14,10 +14,10 @@ Keras's own semantics: an exact key first, then every key as a regex with
 
 import dataclasses
 import itertools
-import json
 import math
 import re
 
+from kdist.export import JSONExport
 from kdist.parallel_dims import ROLES
 from kdist.rules.binding import bind_mesh
 from kdist.rules.rule import ELLIPSIS, Rule, RuleSet, bind_layout, expand_layout, fits_rank, place_with_rule
@@ -81,7 +81,7 @@ class Finding:
 
 
 @dataclasses.dataclass
-class LintReport:
+class LintReport(JSONExport):
     """What `kdist.lint` returns: findings, most severe first, and a summary.
 
     Print it with rich (`rich.print(report)`), or use `to_dict()` / `to_json()`.
@@ -127,9 +127,6 @@ class LintReport:
 
     def to_dict(self):
         return {"ok": self.ok, "counts": self.counts(), "summary": self.summary, "findings": [f.to_dict() for f in self.findings]}
-
-    def to_json(self, **kwargs):
-        return json.dumps(self.to_dict(), **kwargs)
 
     def __repr__(self):
         c = self.counts()

@@ -12,14 +12,14 @@ XLA's memory analysis beside the estimate. See docs/plan.md for the formulas.
 
 import copy
 import dataclasses
-import json
 import math
 import time
 
 import numpy as np
 
-from kdist.errors import KdistError
 from kdist.abstract import deferred
+from kdist.errors import KdistError
+from kdist.export import JSONExport
 from kdist.memory import TRACE_BATCH, is_float, itemsize, parse_size, saved_activations
 
 DEFAULT_BANDWIDTH = 100e9  # bytes/s per device, one direction (about one TPU ICI link or a fraction of NVLink)
@@ -106,7 +106,7 @@ class Candidate:
 
 
 @dataclasses.dataclass
-class Plan:
+class Plan(JSONExport):
     """What `kdist.plan` returns: the candidates, ranked, and a recommendation.
 
     Print it (a rich table, the recommendation marked), or use `to_dict()` /
@@ -166,13 +166,6 @@ class Plan:
             "seconds": self.seconds,
             "candidates": [c.to_dict() for c in self.candidates],
         }
-
-    def to_json(self, path=None, indent=1):
-        text = json.dumps(self.to_dict(), indent=indent)
-        if path is not None:
-            with open(path, "w") as f:
-                f.write(text + "\n")
-        return text
 
     def __rich_console__(self, console, options):
         yield from plan_renderables(self)

@@ -15,6 +15,8 @@ import math
 import numpy as np
 
 from kdist.errors import RuleError
+from kdist.inspector import model_variables
+
 
 @dataclasses.dataclass
 class VariableMove:
@@ -290,22 +292,12 @@ def _values(entries):
 
 def _state_variables(model):
     """(variable, kind) for every variable of the training state, each once."""
-    seen, out = set(), []
-
-    def add(variables, kind):
-        for v in variables:
-            if id(v) not in seen:
-                seen.add(id(v))
-                out.append((v, kind))
-
-    add(model.trainable_variables, "trainable")
-    add(model.non_trainable_variables, "non_trainable")
+    entries = model_variables(model)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and getattr(optimizer, "built", False):
-        add(optimizer.variables, "optimizer")
-    add(getattr(model, "metrics_variables", []), "metric")
-    add(model.variables, "non_trainable")
-    return out
+        entries += [(v, "optimizer") for v in optimizer.variables]
+    seen = {id(v) for v, _ in entries}
+    return entries + [(v, "non_trainable") for v in model.variables if id(v) not in seen]
 
 
 def _target_layouts(entries, distribution):

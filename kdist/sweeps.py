@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from kdist.export import JSONExport
 from kdist.machine import machine_info
 
 NO_ESTIMATE = "not requested"
@@ -87,7 +88,7 @@ class SweepRow:
 
 
 @dataclasses.dataclass
-class SweepResult:
+class SweepResult(JSONExport):
     """What `kdist.sweep` returns: one `SweepRow` per mesh spec, and where it ran.
 
     Print it (a rich table, fastest shape marked), or save it with
@@ -166,13 +167,6 @@ class SweepResult:
             "loss_spread": self.loss_spread,
             "rows": [r.to_dict() for r in self.rows],
         }
-
-    def to_json(self, path):
-        import json
-
-        with open(path, "w") as f:
-            json.dump(_jsonable(self.to_dict()), f, indent=2)
-        return path
 
     def to_csv(self, path):
         import csv
@@ -805,16 +799,6 @@ def _name(obj):
 def _mean(values):
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
-
-
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
 
 
 def _csv_record(row):

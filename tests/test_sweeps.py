@@ -193,7 +193,9 @@ def test_outputs_table_csv_json_png(result, tmp_path):
     assert records[-1]["status"] == "failed" and records[0]["estimate_note"] == "planner estimate"
     assert len(records[0]["losses"].split()) == STEPS + WARMUP
 
-    with open(result.to_json(tmp_path / "s.json")) as f:
+    text = result.to_json(tmp_path / "s.json")
+    assert json.loads(text) == json.loads((tmp_path / "s.json").read_text())
+    with open(tmp_path / "s.json") as f:
         data = json.load(f)
     assert {"platform", "cpu_count", "jax", "keras", "device_count"} <= set(data["machine"])
     assert data["machine"]["device_count"] == 8 and "accelerators" in data["note"]
