@@ -276,11 +276,8 @@ def _values(entries):
 
     values = []
     for v, _ in entries:
-        try:
-            # A deferred variable (kdist.abstract_model) has no `_value`; reading `.value` would run its initializer.
-            value = None if getattr(v, "_value", True) is None else v.value
-        except Exception:
-            value = None
+        # A deferred variable (kdist.abstract_model) has no `_value`; reading `.value` would run its initializer.
+        value = getattr(v, "_value", None)
         if not isinstance(value, jax.Array) or value.is_deleted():
             raise ValueError(
                 f"reshard needs variables with values; {v.path!r} has none. "
