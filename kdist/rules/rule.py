@@ -116,7 +116,7 @@ class RuleSet:
         (r".*/kernel", ("...", "model")),
         (r".*/bias", ()),
     ], name="mine")
-    layout_map = rules.to_layout_map(kdist.mesh("2x4"))
+    layout_map = rules.to_layout_map(kdist.mesh("2x4"), variables=model.variables)
     ```
     """
 
@@ -155,11 +155,14 @@ class RuleSet:
     def to_layout_map(self, device_mesh, variables=None, axis_sizes=None):
         """Export as a plain `keras.distribution.LayoutMap`.
 
-        With `variables`, the map has one exact key per variable with its
-        resolved layout (shape fallbacks included). Without, it has one anchored
+        With `variables` (e.g. `model.variables`, built abstractly or not), the
+        map has one exact key per variable with its resolved layout, shape
+        fallbacks included: this always works. Without, it has one anchored
         regex key per rule that excludes the paths of earlier rules, so that
         first-match-wins order survives Keras's "several matches is an error"
-        lookup; shape fallbacks cannot be expressed there.
+        lookup; each rule contributes its first layout only (Keras cannot fall
+        back by shape), and a rule whose layout uses "..." raises RuleError,
+        since a LayoutMap key cannot depend on the variable's rank.
         """
         from keras.distribution import LayoutMap
 
@@ -177,8 +180,13 @@ class RuleSet:
         for rule in self.rules:
             exclude = "".join(f"(?!(?:{p})$)" for p in earlier)
             layout = rule.layouts[0]
-            if ELLIPSIS not in layout:
-                layout_map[f"^{exclude}(?:{rule.pattern})$"] = bind_layout(rule, layout, axis_sizes)
+            if ELLIPSIS in layout:
+                raise RuleError(
+                    f"Rule {rule.pattern!r} has layout {layout}, whose '...' depends on each variable's rank, "
+                    "which a LayoutMap key cannot express. Pass variables=model.variables to export one "
+                    "exact key per variable."
+                )
+            layout_map[f"^{exclude}(?:{rule.pattern})$"] = bind_layout(rule, layout, axis_sizes)
             earlier.append(rule.pattern)
         return layout_map
 

@@ -116,3 +116,9 @@ def test_rule_family_tag_round_trips():
     rule = Rule(r".*/kernel", ("...", "model"), "note", "llama,mistral")
     assert rule.families == ("llama", "mistral")
     assert RuleSet.from_dict(RuleSet([rule]).to_dict()).rules[0] == rule
+
+
+def test_layout_map_export_without_variables_refuses_rank_dependent_layouts():
+    rules = RuleSet([(r".*/kernel", ("...", "model"))])
+    with pytest.raises(RuleError, match=r"Rule '\.\*/kernel' has layout .*Pass variables=model\.variables"):
+        rules.to_layout_map(kdist.mesh("2x4"))
