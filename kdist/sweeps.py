@@ -901,11 +901,16 @@ def _plot(result, path, title):
     time_ax.bar(positions, step, yerr=spread, color=colors, capsize=3)
     time_ax.set_ylabel("step time, ms (median; bars: 25th-75th percentile)")
     time_ax.set_title("Step time per mesh shape")
-    width = 0.4
-    xla = [r.memory.get("total", 0) / 2**20 if r.ok else 0 for r in rows]
-    state = [(r.state_bytes or 0) / 2**20 if r.ok else 0 for r in rows]
-    memory_ax.bar(positions - width / 2, xla, width, label="XLA compiled step", color="tab:orange")
-    memory_ax.bar(positions + width / 2, state, width, label="weights + optimizer", color="tab:purple")
+    series = [
+        ("XLA compiled step", "tab:orange", [r.memory.get("total", 0) if r.ok else 0 for r in rows]),
+        ("weights + optimizer", "tab:purple", [(r.state_bytes or 0) if r.ok else 0 for r in rows]),
+    ]
+    if any(r.estimate_bytes is not None for r in rows):
+        series.append(("planner estimate", "tab:gray", [r.estimate_bytes or 0 for r in rows]))
+    width = 0.8 / len(series)
+    for i, (label, color, values) in enumerate(series):
+        offset = (i - (len(series) - 1) / 2) * width
+        memory_ax.bar(positions + offset, np.array(values) / 2**20, width, label=label, color=color)
     memory_ax.set_ylabel("MiB per device")
     memory_ax.set_title("Memory per device")
     memory_ax.legend(fontsize="small")
