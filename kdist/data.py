@@ -49,6 +49,14 @@ def check_batch_size(global_batch_size, distribution=None):
 
     Returns the per-replica batch size.
 
+    Example:
+
+    ```python
+    dist = kdist.preset("2x4")                    # 2 model replicas
+    kdist.check_batch_size(64, dist)              # 32
+    kdist.check_batch_size(63, dist)              # BatchSizeError naming 62 and 64
+    ```
+
     Raises:
         BatchSizeError: the batch does not divide by the number of model
             replicas (or of processes, in a multi-process run); the message
@@ -135,6 +143,13 @@ def check_dataset(dataset, distribution=None, *, allow_partial_batches=False):
 
     Returns the global batch size.
 
+    Example:
+
+    ```python
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64, drop_remainder=True)
+    kdist.check_dataset(dataset, kdist.preset("2x4"))   # 64
+    ```
+
     Args:
         dataset: a batched `tf.data.Dataset`.
         distribution: defaults to the distribution in force.
@@ -178,6 +193,12 @@ def check_fit_inputs(x, distribution=None):
 
     A multi-process run with auto-sharding needs a batched `tf.data.Dataset`
     (Keras shards it across processes); arrays are refused.
+
+    Example:
+
+    ```python
+    model.fit(kdist.check_fit_inputs(dataset), epochs=3)
+    ```
 
     Raises:
         BatchSizeError: arrays were given to a multi-process distribution, or
