@@ -15,6 +15,7 @@ multi-process run every process writes the same weights file while
   uninterrupted one (given a dataset that yields the same batches each run).
 """
 
+import collections
 import json
 import os
 
@@ -139,9 +140,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             shutil.rmtree(self.backup_dir)
 
     def _save_model(self):
-        if self.double_checkpoint and os.path.exists(self.checkpoint_path):
-            if _is_writer():
-                os.replace(self.checkpoint_path, self._previous_path)
+        if self.double_checkpoint and _is_writer() and os.path.exists(self.checkpoint_path):
+            os.replace(self.checkpoint_path, self._previous_path)
         self._saves += 1
         save_checkpoint(self.model, self.checkpoint_path, epoch=self._epoch, batches_done=self._batches_done, tag=self._saves)
 
@@ -262,13 +262,8 @@ def _state_variables(model):
     variables = list(model.trainable_variables) + list(model.non_trainable_variables)
     if model.optimizer is not None:
         variables += list(model.optimizer.variables)
-    seen, unique = set(), []
-    for v in variables:
-        if id(v) not in seen:
-            seen.add(id(v))
-            unique.append(v)
-    paths = [v.path for v in unique]
-    duplicates = sorted({p for p in paths if paths.count(p) > 1})
+    unique = list({id(v): v for v in variables}.values())  # each once, in first-seen order
+    duplicates = sorted(p for p, n in collections.Counter(v.path for v in unique).items() if n > 1)
     if duplicates:
         raise CheckpointError(f"Variables share the paths {duplicates}; give their layers distinct names so a checkpoint can tell them apart.")
     return unique

@@ -16,6 +16,7 @@ and calls `keras.distribution.initialize` (that is `jax.distributed.initialize`)
 import dataclasses
 import json
 import os
+import sys
 
 from kdist.errors import KdistError
 
@@ -167,13 +168,11 @@ def cluster_from_env(environ=None):
     environ = os.environ if environ is None else environ
     keras_config = _from_keras_env(environ)
     tf_config = cluster_from_tf_config(environ[TF_CONFIG]) if environ.get(TF_CONFIG) else None
-    if keras_config and tf_config:
-        fields = ("coordinator_address", "num_processes", "process_id")
-        if any(getattr(keras_config, f) != getattr(tf_config, f) for f in fields):
-            raise ClusterError(
-                f"KERAS_DISTRIBUTION_* describe {_describe(keras_config)} but TF_CONFIG describes "
-                f"{_describe(tf_config)}. Unset one of them."
-            )
+    if keras_config and tf_config and not _same_cluster(keras_config, tf_config):
+        raise ClusterError(
+            f"KERAS_DISTRIBUTION_* describe {_describe(keras_config)} but TF_CONFIG describes "
+            f"{_describe(tf_config)}. Unset one of them."
+        )
     return keras_config or tf_config
 
 
@@ -206,28 +205,29 @@ def initialize(job_addresses=None, num_processes=None, process_id=None, *, cpu_c
         ClusterError: the configuration is malformed or inconsistent, or JAX
             already ran a computation (too late to join a cluster).
     """
+    global _initialized_config
     config = _from_arguments(job_addresses, num_processes, process_id) or cluster_from_env()
     if config is None:
         return None
     if _initialized_config is not None:
-        if _initialized_config[:3] == (config.coordinator_address, config.num_processes, config.process_id):
+        if _same_cluster(_initialized_config, config):
             return config
-        raise ClusterError(f"kdist.initialize() already joined {_describe(_initialized_config[3])}; cannot join {_describe(config)}.")
+        raise ClusterError(f"kdist.initialize() already joined {_describe(_initialized_config)}; cannot join {_describe(config)}.")
     _check_jax_not_started()
     _set_cpu_collectives(cpu_collectives)
     import keras
 
     keras.distribution.initialize(config.coordinator_address, config.num_processes, config.process_id)
-    _remember(config)
+    _initialized_config = config
     return config
 
 
-_initialized_config = None
+_initialized_config = None  # the ClusterConfig this process joined
 
 
-def _remember(config):
-    global _initialized_config
-    _initialized_config = (config.coordinator_address, config.num_processes, config.process_id, config)
+def _same_cluster(a, b):
+    """Whether two configs describe the same process of the same run, wherever they came from."""
+    return (a.coordinator_address, a.num_processes, a.process_id) == (b.coordinator_address, b.num_processes, b.process_id)
 
 
 def _from_arguments(job_addresses, num_processes, process_id):
@@ -295,8 +295,6 @@ def _describe(config):
 
 
 def _check_jax_not_started():
-    import sys
-
     if "jax" not in sys.modules:
         return
     from jax._src import distributed, xla_bridge

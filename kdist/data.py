@@ -8,6 +8,8 @@ dataset of the right shape and check a dataset or batch size up front, with
 errors that say what to change.
 """
 
+import math
+
 from kdist.errors import KdistError
 
 
@@ -67,7 +69,7 @@ def check_batch_size(global_batch_size, distribution=None):
     distribution = _distribution(distribution)
     replicas = num_replicas(distribution)
     processes = _num_processes(distribution)
-    step = _lcm(replicas, processes)
+    step = math.lcm(replicas, processes)
     if global_batch_size % step:
         lower, upper = global_batch_size // step * step, (global_batch_size // step + 1) * step
         nearest = f"{lower} or {upper}" if lower else f"{upper}"
@@ -126,9 +128,9 @@ def make_dataset(x, y=None, sample_weight=None, *, global_batch_size=None, per_r
             check_batch_size(count % batch, distribution)
         except BatchSizeError as e:
             raise BatchSizeError(f"With drop_remainder=False the last batch has {count % batch} examples. {e}") from None
-    dataset = tf.data.Dataset.from_tensor_slices(data)
     if shuffle not in (False, True, "once"):
         raise BatchSizeError(f'shuffle must be False, True or "once"; received {shuffle!r}.')
+    dataset = tf.data.Dataset.from_tensor_slices(data)
     if shuffle:
         seed = 0 if seed is None else seed  # every process must draw the same order
         dataset = dataset.shuffle(count, seed=seed, reshuffle_each_iteration=shuffle is True)
@@ -258,9 +260,3 @@ def _describe(distribution):
     shape = dict(zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape))
     spec = getattr(distribution, "spec", None)
     return f"{type(distribution).__name__}({f'{spec!r}, ' if spec else ''}mesh {shape})"
-
-
-def _lcm(a, b):
-    import math
-
-    return a * b // math.gcd(a, b)

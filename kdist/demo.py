@@ -34,16 +34,16 @@ def run_demo(spec="2x4", steps=5, batch_size=64, console=None):
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
         x, y = random_mnist(steps * batch_size)
         start = time.perf_counter()
-        history = _fit_steps(model, x, y, batch_size)
+        losses = fit_steps(model, x, y, batch_size)
         elapsed = time.perf_counter() - start
-    losses = history
     console.print(f"trained {steps} steps of batch {batch_size} in {elapsed:.1f} s; losses: {', '.join(f'{l:.4f}' for l in losses)}")
     report = kdist.inspect(model, distribution)
     console.print(report)
     return report, losses
 
 
-def _fit_steps(model, x, y, batch_size):
+def fit_steps(model, x, y, batch_size):
+    """Fit one epoch over `x, y` in order and return the loss Keras logs after each step."""
     import keras
 
     losses = []

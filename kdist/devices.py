@@ -8,6 +8,7 @@ from kdist.errors import FakeDevicesError
 
 ENV_VAR = "KDIST_FAKE_DEVICES"
 _XLA_FLAG = "--xla_force_host_platform_device_count"
+_XLA_FLAG_SETTING = re.compile(rf"{_XLA_FLAG}=\S*")
 
 
 def fake_devices(n):
@@ -48,15 +49,26 @@ def fake_devices(n):
             f"{ENV_VAR}={n}) before anything imports jax or keras, or run "
             f"`kdist ... --fake-devices {n}`."
         )
-    os.environ["JAX_NUM_CPU_DEVICES"] = str(n)
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    flags = re.sub(rf"{_XLA_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).split()
-    os.environ["XLA_FLAGS"] = " ".join([*flags, f"{_XLA_FLAG}={n}"])
+    os.environ.update(fake_devices_env(n, os.environ.get("XLA_FLAGS", "")))
     if "jax" in sys.modules:
         import jax
 
         jax.config.update("jax_num_cpu_devices", n)
         jax.config.update("jax_platforms", "cpu")
+
+
+def fake_devices_env(n, xla_flags=""):
+    """The variables that give a JAX process `n` CPU devices, keeping the other flags of `xla_flags`."""
+    return {
+        "JAX_NUM_CPU_DEVICES": str(n),
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": " ".join([*xla_flags_without_device_count(xla_flags), f"{_XLA_FLAG}={n}"]),
+    }
+
+
+def xla_flags_without_device_count(xla_flags):
+    """The flags of an XLA_FLAGS value, as a list, less its host device count."""
+    return _XLA_FLAG_SETTING.sub("", xla_flags).split()
 
 
 def fake_devices_from_env():

@@ -114,15 +114,11 @@ def shard_fsdp(placement, axis, size, min_size):
     free = [i for i, a in enumerate(axes) if a is None and shape[i] % size == 0]
     if not free:
         reason = f"no unsharded dimension of {shape} divides by {axis}={size}: replicated over {axis}"
-        return _with(placement, reason=_join(placement.reason, reason))
+        return dataclasses.replace(placement, reason=_join(placement.reason, reason))
     dim = max(free, key=lambda i: shape[i])
     new_axes = tuple(axis if i == dim else a for i, a in enumerate(axes))
     source = "fsdp" if placement.source == "default" else placement.source
-    return _with(placement, axes=new_axes, source=source)
-
-
-def _with(placement, **changes):
-    return dataclasses.replace(placement, **changes)
+    return dataclasses.replace(placement, axes=new_axes, source=source)
 
 
 def _join(*reasons):

@@ -17,6 +17,7 @@ import re
 import numpy as np
 
 from kdist.export import JSONExport
+from kdist.memory import itemsize
 
 KINDS = ("trainable", "non_trainable", "optimizer", "metric")
 
@@ -50,7 +51,7 @@ class VariableReport:
 
     def __post_init__(self):
         if not self.itemsize:
-            self.itemsize = _itemsize(self.dtype)
+            self.itemsize = itemsize(self.dtype)
 
     @property
     def nbytes(self):
@@ -496,10 +497,10 @@ def _live_row(variable, kind, index, distribution):
     value = _array(variable)
     shape = tuple(value.shape)
     dtype = _dtype_name(value.dtype)
-    itemsize = value.dtype.itemsize
+    element_bytes = value.dtype.itemsize
     device_bytes = np.zeros(len(index), dtype=np.int64)
     for shard in value.addressable_shards:
-        device_bytes[index[_device_name(shard.device)]] += itemsize * math.prod(b - a for a, b in _ranges(shard.index, shape))
+        device_bytes[index[_device_name(shard.device)]] += element_bytes * math.prod(b - a for a, b in _ranges(shard.index, shape))
     sharding = value.sharding
     spec = _full_spec(tuple(getattr(sharding, "spec", ())), len(shape))
     shard_shape = tuple(sharding.shard_shape(shape))
@@ -507,7 +508,7 @@ def _live_row(variable, kind, index, distribution):
     replication = len(sharding.device_set) // max(1, num_shards)
     return VariableReport(
         variable.path, kind, shape, dtype, spec, shard_shape, replication, device_bytes,
-        *_provenance(variable.path, shape, spec, distribution), itemsize=itemsize,
+        *_provenance(variable.path, shape, spec, distribution), itemsize=element_bytes,
     )
 
 
@@ -530,15 +531,15 @@ def _planned_row(variable, kind, distribution, mesh, index, cache=None):
     shape = tuple(variable.shape)
     spec, provenance = _planned_layout(variable, distribution, mesh)
     dtype = _dtype_name(variable.dtype)
-    itemsize = _itemsize(dtype)
-    key = (shape, spec, itemsize)
+    element_bytes = itemsize(dtype)
+    key = (shape, spec, element_bytes)
     placed = cache.get(key) if cache is not None else None
     if placed is None:
-        placed = _place_on_mesh(variable.path, shape, spec, itemsize, mesh, index)
+        placed = _place_on_mesh(variable.path, shape, spec, element_bytes, mesh, index)
         if cache is not None:
             cache[key] = placed
     shard_shape, replication, device_bytes = placed
-    return VariableReport(variable.path, kind, shape, dtype, spec, shard_shape, replication, device_bytes, *provenance, itemsize=itemsize)
+    return VariableReport(variable.path, kind, shape, dtype, spec, shard_shape, replication, device_bytes, *provenance, itemsize=element_bytes)
 
 
 def _slot_row(variable, kind, slots, by_path):
@@ -561,37 +562,36 @@ def _planned_layout(variable, distribution, mesh):
         return spec, _provenance(variable.path, shape, spec, distribution)
     if isinstance(distribution, ShardedDistribution):
         placement = distribution.place(variable.path, shape)
-        spec = _full_spec(placement.axes, len(shape), variable.path)
-        return spec, (placement.source, placement.rule.pattern if placement.rule else "", placement.reason)
+        return _full_spec(placement.axes, len(shape), variable.path), _placement_provenance(placement)
     spec = _full_spec(_axes_of(distribution.get_variable_layout(variable)), len(shape), variable.path)
     return spec, _provenance(variable.path, shape, spec, distribution)
 
 
-def _place_on_mesh(path, shape, spec, itemsize, mesh, index):
+def _place_on_mesh(path, shape, spec, element_bytes, mesh, index):
     """(shard shape, replication, bytes per device) of a variable laid out as `spec` on `mesh`.
 
     Every device of the mesh holds one shard of the same shape (jax shards
     evenly), so the bytes are uniform over the mesh's devices.
     """
     _check_layout(path, shape, spec, mesh)
-    splits = [math.prod(mesh.sizes[a] for a in _names(axes)) for axes in spec]
+    splits = [math.prod(mesh.sizes[a] for a in dim_axis_names(axes)) for axes in spec]
     shard_shape = tuple(d // k for d, k in zip(shape, splits))
     device_bytes = np.zeros(len(index), dtype=np.int64)
-    device_bytes[[index[d] for d in mesh.devices]] = math.prod(shard_shape) * itemsize
+    device_bytes[[index[d] for d in mesh.devices]] = math.prod(shard_shape) * element_bytes
     device_bytes.flags.writeable = False
     return shard_shape, len(mesh.devices) // math.prod(splits), device_bytes
 
 
 def _check_layout(path, shape, spec, mesh):
     for i, (d, axes) in enumerate(zip(shape, spec)):
-        for a in _names(axes):
+        for a in dim_axis_names(axes):
             if a not in mesh.sizes:
                 raise ValueError(f"Variable {path!r} has layout {spec} naming mesh axis {a!r}, which is not in the mesh {mesh.sizes}.")
-        k = math.prod(mesh.sizes[a] for a in _names(axes))
+        k = math.prod(mesh.sizes[a] for a in dim_axis_names(axes))
         if d % k:
             raise ValueError(
                 f"Variable {path!r} of shape {shape} has layout {spec}: dimension {i} ({d}) does not divide by "
-                f"{'x'.join(_names(axes))}={k}, so jax cannot place it. Replicate that dimension (None) or shard one that divides."
+                f"{'x'.join(dim_axis_names(axes))}={k}, so jax cannot place it. Replicate that dimension (None) or shard one that divides."
             )
 
 
@@ -616,7 +616,7 @@ def _provenance(path, shape, spec, distribution):
                 placement = recorded
             else:
                 return ("explicit", "", f"its layout differs from the {placement.axes} the distribution gives")
-        return (placement.source, placement.rule.pattern if placement.rule else "", placement.reason)
+        return _placement_provenance(placement)
     if isinstance(distribution, ModelParallel):
         key = _layout_map_key(distribution._layout_map, path)
         if key is not None:
@@ -625,6 +625,10 @@ def _provenance(path, shape, spec, distribution):
     if isinstance(distribution, DataParallel):
         return ("default", "", "DataParallel replicates variables")
     return ("default", "", "")
+
+
+def _placement_provenance(placement):
+    return (placement.source, placement.rule.pattern if placement.rule else "", placement.reason)
 
 
 def _layout_map_key(layout_map, path):
@@ -750,7 +754,7 @@ def _grid_from_layout(path, shape, spec, mesh, rows, cols):
     _check_layout(path, shape, spec, mesh)
     starts, stops = [], []
     for d, axes in zip(shape, spec):
-        names = _names(axes)
+        names = dim_axis_names(axes)
         k = math.prod(mesh.sizes[a] for a in names)
         chunk = -(-d // k)
         start = np.minimum(mesh.shard_index(names) * chunk, d)
@@ -840,7 +844,8 @@ def _ranges(index, shape):
     return tuple(s.indices(d)[:2] for s, d in zip(index, shape))
 
 
-def _names(axes):
+def dim_axis_names(axes):
+    """The mesh axis names one dimension of a layout is split over."""
     if axes is None:
         return ()
     return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
@@ -868,13 +873,6 @@ def _axis(a):
     if isinstance(a, (tuple, list)):
         return None if not a else (a[0] if len(a) == 1 else tuple(a))
     return a
-
-
-@functools.lru_cache(maxsize=None)
-def _itemsize(dtype):
-    import jax.numpy as jnp
-
-    return jnp.dtype(dtype).itemsize
 
 
 def _dtype_name(dtype):

@@ -9,7 +9,6 @@ collectives (gloo), so a script written for N hosts runs unchanged on one.
 import dataclasses
 import os
 import queue
-import re
 import signal
 import socket
 import subprocess
@@ -19,10 +18,10 @@ import time
 
 from kdist.cluster import CPU_COLLECTIVES, TF_CONFIG, ClusterConfig
 from kdist.devices import ENV_VAR as FAKE_DEVICES_VAR
+from kdist.devices import fake_devices_env, xla_flags_without_device_count
 from kdist.errors import KdistError
 
 RANK_VAR = "KDIST_PROCESS_RANK"
-_XLA_DEVICE_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
 
 class LaunchError(KdistError, RuntimeError):
@@ -106,23 +105,20 @@ def process_env(rank, num_processes, devices_per_process, coordinator_address, b
     """The environment of process `rank` of a launched run (see `launch`)."""
     env = dict(os.environ if base is None else base)
     env.pop(TF_CONFIG, None)  # the KERAS_DISTRIBUTION_* variables below describe the cluster
-    flags = _XLA_DEVICE_FLAG.sub("", env.get("XLA_FLAGS", "")).split()
+    flags = xla_flags_without_device_count(env.get("XLA_FLAGS", ""))
     for name in (FAKE_DEVICES_VAR, "JAX_NUM_CPU_DEVICES", "XLA_FLAGS"):  # the parent's own fake devices
         env.pop(name, None)
     if flags:
         env["XLA_FLAGS"] = " ".join(flags)
     if devices_per_process is not None:
-        env.update({
-            FAKE_DEVICES_VAR: str(devices_per_process),
-            "JAX_NUM_CPU_DEVICES": str(devices_per_process),
-            "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={devices_per_process}"]),
-        })
+        env[FAKE_DEVICES_VAR] = str(devices_per_process)
+        env.update(fake_devices_env(devices_per_process, env.get("XLA_FLAGS", "")))
     env.update(ClusterConfig(coordinator_address, num_processes, rank, source="launch").env())
+    collectives = env.get(CPU_COLLECTIVES, "gloo")
     env.update({
         RANK_VAR: str(rank),
-        CPU_COLLECTIVES: env.get(CPU_COLLECTIVES, "gloo"),
-        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": env.get(CPU_COLLECTIVES, "gloo"),
+        CPU_COLLECTIVES: collectives,
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": collectives,
         "KERAS_BACKEND": "jax",
         "PYTHONUNBUFFERED": "1",
     })
@@ -167,13 +163,14 @@ class _Run:
         handlers = self._install_signal_handlers()
         try:
             self._start()
-            return self._wait()
+            code, rank, message = self._wait()
         finally:
             self._stop_all()
             for t in self.readers:
                 t.join(timeout=2)
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+        return LaunchResult(code, [p.returncode for p in self.procs], rank, message, self.outputs, [p.pid for p in self.procs])
 
     def _start(self):
         for rank in range(self.n):
@@ -204,31 +201,26 @@ class _Run:
         pipe.close()
 
     def _wait(self):
+        """(return code, failed rank or None, message) once the run is over; the processes may still be running."""
         start = time.monotonic()
         finished = set()
         while True:
             if self.interrupted is not None:
                 name = signal.Signals(self.interrupted).name
-                return self._result(128 + self.interrupted, None, f"launcher received {name}: stopped all {self.n} processes")
+                return 128 + self.interrupted, None, f"launcher received {name}: stopped all {self.n} processes"
             try:
                 rank, code = self.exits.get(timeout=0.05)
             except queue.Empty:
                 if self.timeout is not None and time.monotonic() - start > self.timeout:
                     running = sorted(set(range(self.n)) - finished)
-                    return self._result(124, None, f"timed out after {self.timeout} s with processes {running} still running; stopped them")
+                    return 124, None, f"timed out after {self.timeout} s with processes {running} still running; stopped them"
                 continue
             finished.add(rank)
             if code != 0:
                 how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
-                return self._result(code if code > 0 else 1, rank, f"process {rank} (pid {self.procs[rank].pid}) {how}; stopped the others")
+                return code if code > 0 else 1, rank, f"process {rank} (pid {self.procs[rank].pid}) {how}; stopped the others"
             if len(finished) == self.n:
-                return self._result(0, None, f"all {self.n} processes exited with code 0")
-
-    def _result(self, code, rank, message):
-        self._stop_all()
-        for t in self.readers:
-            t.join(timeout=2)
-        return LaunchResult(code, [p.returncode for p in self.procs], rank, message, self.outputs, [p.pid for p in self.procs])
+                return 0, None, f"all {self.n} processes exited with code 0"
 
     def _stop_all(self):
         alive = [p for p in self.procs if p.poll() is None]

@@ -18,9 +18,11 @@ import math
 import re
 
 from kdist.export import JSONExport
+from kdist.inspector import dim_axis_names
+from kdist.memory import itemsize
 from kdist.parallel_dims import ROLES
 from kdist.rules.binding import bind_mesh
-from kdist.rules.rule import ELLIPSIS, Rule, RuleSet, bind_layout, expand_layout, fits_rank, place_with_rule
+from kdist.rules.rule import ELLIPSIS, Placement, Rule, RuleSet, bind_layout, expand_layout, fits_rank, place_with_rule
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITIES = (ERROR, WARNING, INFO)
@@ -180,8 +182,8 @@ def lint(rules, model_or_variables, mesh=None, *, size_threshold=SIZE_THRESHOLD,
     variables = _variables(model_or_variables)
     checker = _checker(rules, mesh)
     findings, placements = checker.check(variables, _output_paths(model_or_variables))
-    summary = _summary(checker, variables, placements, size_threshold, top)
-    findings += _sharding_findings(checker, summary, size_threshold, tolerance)
+    summary, offenders = _summary(checker, variables, placements, size_threshold, top)
+    findings += _sharding_findings(checker, summary, offenders, size_threshold, tolerance)
     findings.sort(key=lambda f: (SEVERITIES.index(f.severity), f.code, f.rule or "", _natural(f.path or "")))
     return LintReport(findings, summary, placements)
 
@@ -221,9 +223,8 @@ class _Mesh:
 
 
 def _variables(obj):
-    if hasattr(obj, "variables") and not isinstance(obj, (list, tuple, dict)):
-        obj = obj.variables
-    items = obj.items() if isinstance(obj, dict) else obj
+    items = obj.variables if hasattr(obj, "variables") and not isinstance(obj, (list, tuple, dict)) else obj
+    items = items.items() if isinstance(items, dict) else items
     out = []
     for item in items:
         if isinstance(item, tuple):
@@ -231,16 +232,14 @@ def _variables(obj):
         else:
             path, shape, dtype = item.path, item.shape, item.dtype
         shape = tuple(int(d) for d in shape)
-        out.append(_Var(path, shape, math.prod(shape) * _itemsize(dtype)))
+        out.append(_Var(path, shape, math.prod(shape) * itemsize(dtype)))
     if not out:
-        raise ValueError(f"lint() found no variables in {type(obj).__name__}; build the model before linting it.")
+        name = f" {obj.name!r}" if hasattr(obj, "name") else ""
+        raise ValueError(
+            f"lint() found no variables in {type(obj).__name__}{name}: build the model "
+            "(give it an Input or call build()) before linting it, or pass its variables."
+        )
     return out
-
-
-def _itemsize(dtype):
-    import jax.numpy as jnp
-
-    return jnp.dtype(dtype).itemsize
 
 
 def _output_paths(obj):
@@ -298,16 +297,13 @@ def _checker(rules, mesh):
             lint_mesh = _mesh(mesh)
         return _RuleSetChecker(rules.rules, lint_mesh, fsdp_min_size=rules.fsdp_min_size)
     if isinstance(rules, ModelParallel):
-        layout_map = rules._layout_map
-        return _LayoutMapChecker(layout_map, _mesh(mesh, rules.device_mesh))
+        return _LayoutMapChecker(rules._layout_map, _mesh(mesh, rules.device_mesh))
     if isinstance(rules, LayoutMap):
         return _LayoutMapChecker(rules, _mesh(mesh, rules.device_mesh))
     if isinstance(rules, str) or hasattr(rules, "__fspath__"):
         lint_mesh = _mesh(mesh)
         return _RuleSetChecker(_named_rules(rules, lint_mesh), lint_mesh)
-    if isinstance(rules, RuleSet):
-        return _RuleSetChecker(rules, _mesh(mesh))
-    if isinstance(rules, (list, tuple)):
+    if isinstance(rules, (RuleSet, list, tuple)):
         return _RuleSetChecker(rules, _mesh(mesh))
     raise TypeError(
         "lint() checks a kdist.RuleSet, a list of (pattern, axes) pairs, a keras.distribution.LayoutMap, "
@@ -386,7 +382,7 @@ class _RuleSetChecker:
         return findings, placements
 
     def _is_library(self, rule):
-        return bool(getattr(rule, "family", "")) or rule in self.library
+        return bool(rule.family) or rule in self.library
 
     def _axis_findings(self, rule, findings):
         names = set(self.mesh.axis_names)
@@ -454,7 +450,6 @@ class _RuleSetChecker:
 
     def _fsdp(self, v, axes):
         from kdist.distribution import shard_fsdp
-        from kdist.rules.rule import Placement
 
         fsdp = self.axis_sizes.get("fsdp")
         if fsdp is None or fsdp[1] == 1:
@@ -545,7 +540,7 @@ class _LayoutMapChecker:
 
     def _axis_findings(self, key, axes):
         names = set(self.mesh.axis_names)
-        unknown = sorted({n for a in axes for n in _axis_names(a) if n not in names})
+        unknown = sorted({n for a in axes for n in dim_axis_names(a) if n not in names})
         for name in unknown:
             self.findings.append(Finding(
                 "KD103", ERROR,
@@ -566,21 +561,22 @@ class _LayoutMapChecker:
             if len(keys) > 1:
                 findings.append(_multiple(v.path, keys, "variable"))
                 continue
-            axes = self.keys[keys[0]][1] if keys else ()
-            if keys and keys[0] in bad:
+            if not keys:  # no key: replicated
+                placements[v.path] = (None,) * len(v.shape)
                 continue
-            if keys and not self._layout_findings(v, keys[0], axes, findings):
+            key = keys[0]
+            axes = self.keys[key][1]
+            if key in bad or not self._layout_findings(v, key, axes, findings):
                 continue
-            placements[v.path] = tuple(axes) + (None,) * (len(v.shape) - len(axes))
-            if keys:
-                self.winners[v.path] = keys[0]
-            if keys and _LORA.fullmatch(v.path) and any(a is not None for a in axes):
+            placements[v.path] = axes + (None,) * (len(v.shape) - len(axes))
+            self.winners[v.path] = key
+            if _LORA.fullmatch(v.path) and any(a is not None for a in axes):
                 findings.append(Finding(
                     "KD205", WARNING,
-                    f"LoRA weight {v.path!r} {v.shape} is sharded {tuple(axes)} by key {keys[0]!r}. LoRA adapters are small "
+                    f"LoRA weight {v.path!r} {v.shape} is sharded {axes} by key {key!r}. LoRA adapters are small "
                     "and low-rank; sharding them adds collectives for no memory gain. Narrow the key so it does not match "
                     "lora_kernel_a/b (e.g. end it with '/kernel').",
-                    path=v.path, rule=keys[0],
+                    path=v.path, rule=key,
                 ))
         activation = {key: 0 for key in self.keys}
         for path in output_paths:
@@ -613,7 +609,7 @@ class _LayoutMapChecker:
         if len(axes) > len(v.shape):
             findings.append(Finding(
                 "KD102", ERROR,
-                f"LayoutMap key {key!r} gives {v.path!r} of shape {v.shape} the layout {tuple(axes)} of {len(axes)} axes; "
+                f"LayoutMap key {key!r} gives {v.path!r} of shape {v.shape} the layout {axes} of {len(axes)} axes; "
                 f"the variable has {len(v.shape)} dimensions, so jax.device_put fails. Use a layout of at most "
                 f"{len(v.shape)} axes or narrow the key.",
                 path=v.path, rule=key,
@@ -622,7 +618,7 @@ class _LayoutMapChecker:
         sizes = self.mesh.sizes
         ok = True
         for dim, axis in enumerate(axes):
-            size = math.prod(sizes[n] for n in _axis_names(axis))
+            size = math.prod(sizes[n] for n in dim_axis_names(axis))
             if v.shape[dim] % size:
                 ok = False
                 findings.append(Finding(
@@ -633,12 +629,6 @@ class _LayoutMapChecker:
                     path=v.path, rule=key,
                 ))
         return ok
-
-
-def _axis_names(axis):
-    if axis is None:
-        return ()
-    return tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
 
 
 def _multiple(path, keys, what):
@@ -670,30 +660,32 @@ def _partial_finding(pattern, paths):
 
 
 def _summary(checker, variables, placements, size_threshold, top):
+    """The report's summary, and the replicated variables above `size_threshold`, largest first."""
     mesh = checker.mesh
     weight_axes = mesh.weight_axes
     total = sum(v.nbytes for v in variables)
-    laid_out = [v for v in variables if v.path in placements]
-    replicated = [v for v in laid_out if not set(_flat(placements[v.path])) & set(weight_axes)] if weight_axes else []
-    offenders = sorted((v for v in replicated if v.nbytes >= size_threshold), key=lambda v: (-v.nbytes, v.path))
-    sharded = sum(v.nbytes for v in laid_out if set(_flat(placements[v.path])) & set(weight_axes))
-    return {
+    sharded, replicated = [], []  # of the variables laid out
+    for v in variables:
+        if v.path in placements:
+            (sharded if set(_flat(placements[v.path])) & set(weight_axes) else replicated).append(v)
+    # Without weight axes (a data-parallel mesh) replicating weights is the point: nothing to report.
+    offenders = sorted((v for v in replicated if v.nbytes >= size_threshold), key=lambda v: (-v.nbytes, v.path)) if weight_axes else []
+    summary = {
         "rules": checker.name,
         "mesh": mesh.sizes,
         "weight_axes": list(weight_axes),
         "variables": len(variables),
         "parameters": sum(math.prod(v.shape) for v in variables),
         "total_bytes": total,
-        "sharded_share": sharded / total if total else 0.0,
+        "sharded_share": sum(v.nbytes for v in sharded) / total if total else 0.0,
         "replicated_share": sum(v.nbytes for v in offenders) / total if total else 0.0,
         "size_threshold": size_threshold,
         "top_replicated": [{"path": v.path, "shape": list(v.shape), "bytes": v.nbytes} for v in offenders[:top]],
-        "_offenders": offenders,
     }
+    return summary, offenders
 
 
-def _sharding_findings(checker, summary, size_threshold, tolerance):
-    offenders = summary.pop("_offenders")
+def _sharding_findings(checker, summary, offenders, size_threshold, tolerance):
     axes = ", ".join(summary["weight_axes"])
     findings = [
         Finding(
@@ -718,7 +710,7 @@ def _sharding_findings(checker, summary, size_threshold, tolerance):
 
 
 def _flat(axes):
-    return [n for a in axes for n in _axis_names(a)]
+    return [n for a in axes for n in dim_axis_names(a)]
 
 
 def _bytes(n):

@@ -20,7 +20,9 @@ import numpy as np
 from kdist.abstract import deferred
 from kdist.errors import KdistError
 from kdist.export import JSONExport
-from kdist.memory import TRACE_BATCH, is_float, itemsize, parse_size, saved_activations
+from kdist.memory import (
+    MEMORY_FIELDS, TRACE_BATCH, compile_train_step, is_float, itemsize, parse_size, saved_activations, xla_memory,
+)
 
 DEFAULT_BANDWIDTH = 100e9  # bytes/s per device, one direction (about one TPU ICI link or a fraction of NVLink)
 DEFAULT_LATENCY = 10e-6  # seconds per collective step
@@ -465,14 +467,11 @@ def _input_shapes(model, sequence_length):
 
 def _label_shapes(model, sequence_length):
     """Per-example shapes of the integer labels of the surrogate loss: each float output without its last dimension."""
-    import keras
-
-    struct = getattr(getattr(model, "_functional", None) or model, "_outputs_struct", None)
-    shapes = []
-    for o in keras.tree.flatten(struct) if struct is not None else []:
-        if is_float(o.dtype) and len(o.shape) >= 2:
-            shapes.append(tuple(sequence_length if d is None else d for d in o.shape[1:-1]))
-    return shapes
+    return [
+        tuple(sequence_length if d is None else d for d in o.shape[1:-1])
+        for o in _outputs(model)
+        if is_float(o.dtype) and len(o.shape) >= 2
+    ]
 
 
 def _fixed_sequence_length(inputs):
@@ -485,11 +484,16 @@ def _fixed_sequence_length(inputs):
 
 
 def _model_output_dtype(model):
+    outputs = _outputs(model)
+    return outputs[0].dtype if outputs else getattr(model, "compute_dtype", "float32")
+
+
+def _outputs(model):
+    """The model's symbolic outputs, flattened ([] when it has no layer graph)."""
     import keras
 
     struct = getattr(getattr(model, "_functional", None) or model, "_outputs_struct", None)
-    outputs = keras.tree.flatten(struct) if struct is not None else []
-    return outputs[0].dtype if outputs else getattr(model, "compute_dtype", "float32")
+    return keras.tree.flatten(struct) if struct is not None else []
 
 
 # --- One candidate -------------------------------------------------------------------------------
@@ -558,6 +562,15 @@ def _names(axes):
     return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
 
 
+def _split_dims(row, axis):
+    """For each dimension of the row's variable: whether `axis` splits it."""
+    return [axis in _names(a) for a in row.spec]
+
+
+def _sharded_over(row, axis):
+    return any(_split_dims(row, axis))
+
+
 def _sharded_dim_sizes(rows, axes):
     """For the model and expert axes: sizes of weight dimensions split over them, minus sizes left whole beside them."""
     out = {}
@@ -566,7 +579,7 @@ def _sharded_dim_sizes(rows, axes):
             continue
         split, whole = set(), set()
         for r in rows:
-            dims = [axis in _names(a) for a in r.spec]
+            dims = _split_dims(r, axis)
             if any(dims):
                 for d, on in zip(r.shape, dims):
                     (split if on else whole).add(d)
@@ -601,7 +614,7 @@ def _transient_bytes(rows, axes, itemsize):
     total = 0
     for r in rows:
         shard = _row_bytes(r, itemsize)
-        on_fsdp = f > 1 and any("fsdp" in _names(a) for a in r.spec)
+        on_fsdp = f > 1 and _sharded_over(r, "fsdp")
         if axes.get("data", 1) * f > 1:
             total += shard * (f if on_fsdp else 1)
         if on_fsdp:
@@ -633,8 +646,8 @@ def _communication(facts, rows, axes, local_batch, bandwidth, latency, itemsize)
         comm["data"] = _collectives([("all-reduce", "gradients", sum(b for _, b in grads), len(grads))], d, bandwidth, latency)
     f = axes.get("fsdp", 1)
     if f > 1:
-        on = [(r, b) for r, b in grads if any("fsdp" in _names(a) for a in r.spec)]
-        off = [(r, b) for r, b in grads if not any("fsdp" in _names(a) for a in r.spec)]
+        on = [(r, b) for r, b in grads if _sharded_over(r, "fsdp")]
+        off = [(r, b) for r, b in grads if not _sharded_over(r, "fsdp")]
         gathered = sum(b * f for _, b in on)
         comm["fsdp"] = _collectives(
             [
@@ -666,7 +679,7 @@ def _activation_features(row, axis):
     forward pass; one split over a later dimension (column-parallel: q/k/v,
     MLP up) all-reduces its input's gradient in the backward pass.
     """
-    dims = [axis in _names(a) for a in row.spec]
+    dims = _split_dims(row, axis)
     if not any(dims) or len(row.shape) < 2:
         return 0
     if axis == "expert":
@@ -696,7 +709,7 @@ def _validity(rows, axes, batch_size, split):
     if batch_size % split:
         return False, f"batch size {batch_size} does not divide by the {split} batch shards (data x fsdp)"
     for axis in ("model", "expert", "fsdp"):
-        if axes.get(axis, 1) > 1 and not any(axis in _names(a) for r in rows for a in r.spec):
+        if axes.get(axis, 1) > 1 and not any(_sharded_over(r, axis) for r in rows):
             return False, f"no weight divides by {axis}={axes[axis]}: every weight would be replicated over it"
     return True, ""
 
@@ -859,9 +872,11 @@ def compiled_memory(facts, candidate, batch_size):
     import keras
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from kdist.inspector import inspect
+    from kdist.inspector import inspect, new_optimizer
     from kdist.presets import preset
 
+    if facts.optimizer is None:
+        raise PlanError("verify=True compiles a training step, which needs an optimizer: pass optimizer='adam' (or another).")
     dist = preset(candidate.spec, devices=jax.devices()[: math.prod(candidate.axes.values())], rules=facts.rules_arg)
     mesh = dist.device_mesh.backend_mesh
     clone = _rebuild(facts)
@@ -872,10 +887,6 @@ def compiled_memory(facts, candidate, batch_size):
         lambda t: jax.ShapeDtypeStruct((batch_size, *(seq if d is None else d for d in t.shape[1:-1])), "int32"), outputs
     )
     loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
-    from kdist.inspector import new_optimizer
-
-    if facts.optimizer is None:
-        raise PlanError("verify=True compiles a training step, which needs an optimizer: pass optimizer='adam' (or another).")
     optimizer = new_optimizer(facts.optimizer)  # its scalars hold values: made outside the deferred scope
     with deferred():
         clone.compile(optimizer=optimizer, loss=loss)
@@ -889,7 +900,6 @@ def compiled_memory(facts, candidate, batch_size):
 
     groups = (clone.trainable_variables, clone.non_trainable_variables, clone.optimizer.variables, clone.metrics_variables)
     state = tuple([sharded(v) for v in group] for group in groups)
-    shardings = tuple([s.sharding for s in group] for group in state)
 
     def data_struct(s):
         axes = dist.get_data_layout(s.shape).axes
@@ -897,19 +907,10 @@ def compiled_memory(facts, candidate, batch_size):
 
     data = keras.tree.map_structure(data_struct, (x, y))
     with dist.scope():
-        step = jax.jit(clone.train_step, donate_argnums=0, out_shardings=(None, shardings))
-        analysis = step.lower(state, data).compile().memory_analysis()
-    figures = {
-        "argument": int(analysis.argument_size_in_bytes),
-        "output": int(analysis.output_size_in_bytes),
-        "alias": int(analysis.alias_size_in_bytes),
-        "temp": int(analysis.temp_size_in_bytes),
-        "xla_peak_memory": int(getattr(analysis, "peak_memory_in_bytes", 0) or 0),
-    }
-    # argument + output - alias + temp: every buffer of the step counted once (the
-    # CPU backend's peak_memory_in_bytes leaves temporaries out, so it is not used).
-    figures["peak"] = figures["argument"] + figures["output"] - figures["alias"] + figures["temp"]
-    return figures
+        memory = xla_memory(compile_train_step(clone, state, data))
+    # "peak" is XLA's total, argument + output - alias + temp: every buffer of the step counted
+    # once (the CPU backend's peak_memory_in_bytes leaves temporaries out, so it is not used).
+    return {**{k: memory[k] for k in MEMORY_FIELDS}, "xla_peak_memory": memory.get("peak") or 0, "peak": memory["total"]}
 
 
 def _rebuild(facts):

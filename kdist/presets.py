@@ -76,25 +76,21 @@ def preset(spec, *, devices=None, axis_names=None, rules=None, model=None, **pla
 
 
 def _auto_spec(model, devices, rules, plan_options):
-    import jax
-
     if model is None or "batch_size" not in plan_options:
         raise SpecError(AUTO_NEEDS)
     from kdist.planner import PlanError, plan
 
-    count = len(_jax_devices(devices)) if devices is not None else jax.device_count()
-    result = plan(model, count, rules=rules, **plan_options)
+    result = plan(model, len(_jax_devices(devices)), rules=rules, **plan_options)
     if result.recommendation is None:
         raise PlanError(f'kdist.preset("auto"): {result.advice}')
     return result.recommendation.spec
 
 
 def _build(spec, devices, axis_names):
-    import jax
     from jax.experimental import mesh_utils
     from keras.distribution import DeviceMesh
 
-    devices = _jax_devices(devices) if devices is not None else jax.devices()
+    devices = _jax_devices(devices)
     dims = ParallelDims.parse(spec, len(devices))
     names = _axis_names(spec, dims, axis_names)
     ordered = mesh_utils.create_device_mesh(dims.shape, devices, allow_split_physical_axes=True)
@@ -114,8 +110,11 @@ def _axis_names(spec, dims, axis_names):
 
 
 def _jax_devices(devices):
+    """The jax devices named by `devices` (jax devices or strings such as "cpu:0"); all of them for None."""
     import jax
 
+    if devices is None:
+        return jax.devices()
     by_name = {f"{d.platform}:{d.id}": d for d in jax.devices()}
     resolved = []
     for d in devices:

@@ -192,7 +192,7 @@ def devices_table(report, max_rows=16):
     for kind in KINDS:
         table.add_column({"non_trainable": "non-train", "optimizer": "optimizer", "metric": "metrics"}.get(kind, kind), justify="right", no_wrap=True)
     table.add_column("total", justify="right", no_wrap=True, style="bold")
-    columns = np.stack([report.device_bytes(k) for k in KINDS] + [report.device_bytes()], axis=1) if report.devices else np.zeros((0, 5))
+    columns = np.stack([report.device_bytes(k) for k in KINDS] + [report.device_bytes()], axis=1) if report.devices else np.zeros((0, len(KINDS) + 1))
     for label, values in _device_runs(report.devices, columns, collapse=len(report.devices) > max_rows):
         table.add_row(label, *(human_bytes(b) for b in values))
     return table

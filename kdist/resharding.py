@@ -125,10 +125,12 @@ class ReshardResult:
     def __rich_console__(self, console, options):
         from rich.table import Table
 
+        from kdist.render import human_bytes
+
         verb = "would move" if self.dry_run else "moved"
         title = (
             f"reshard to {_describe(self.distribution)}: {verb} {self.count} of {len(self.variables)} variables, "
-            f"{_human(self.bytes)} received"
+            f"{human_bytes(self.bytes)} received"
         )
         table = Table(title=title, title_justify="left")
         for column in ("variable", "kind", "shape", "from", "to", "received"):
@@ -136,13 +138,13 @@ class ReshardResult:
         for v in sorted(self.moved, key=lambda v: (-int(v.device_bytes.sum()), v.path)):
             table.add_row(
                 v.path, v.kind, str(v.shape), _spec_text(v.source, v.source_pieces), _spec_text(v.target, v.target_pieces),
-                _human(int(v.device_bytes.sum())),
+                human_bytes(int(v.device_bytes.sum())),
             )
         yield table
         per_device = Table(title="bytes received per device", title_justify="left")
         for d in self.devices:
             per_device.add_column(d, justify="right")
-        per_device.add_row(*(_human(int(b)) for b in self.device_bytes))
+        per_device.add_row(*(human_bytes(int(b)) for b in self.device_bytes))
         yield per_device
 
 
@@ -484,10 +486,3 @@ def _describe(distribution):
     shape = ",".join(f"{n}={s}" for n, s in zip(mesh.axis_names, mesh.shape))
     spec = getattr(distribution, "spec", None)
     return f"{spec} ({shape})" if spec else f"{type(distribution).__name__}({shape})"
-
-
-def _human(n):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024

@@ -16,13 +16,13 @@ import numpy as np
 
 from kdist.export import JSONExport
 from kdist.machine import machine_info
+from kdist.memory import MEMORY_FIELDS, compile_train_step, xla_memory
 
 NO_ESTIMATE = "not requested"
 # Timed and bare-loop steps alternate in blocks of this many steps. One step
 # keeps the comparison within a few percent even on a loaded machine; blocks
 # of 5 already let bursts of load hit one side and not the other.
 CHECK_BLOCK = 1
-MEMORY_FIELDS = ("argument", "output", "alias", "temp")
 
 
 @dataclasses.dataclass
@@ -180,27 +180,20 @@ class SweepResult(JSONExport):
 
     def plot(self, path=None, title=None):
         """Step time and memory per mesh shape as a matplotlib figure; saved as PNG when `path` is given."""
-        return _plot(self, path, title)
+        from kdist.sweep_render import sweep_plot
+
+        return sweep_plot(self, path, title)
 
     def table(self):
         """The rows as a `rich.table.Table`, fastest shape marked."""
-        return _table(self)
+        from kdist.sweep_render import sweep_table
+
+        return sweep_table(self)
 
     def __rich_console__(self, console, options):
-        from rich.text import Text
+        from kdist.sweep_render import sweep_renderables
 
-        yield _table(self, options.max_width)
-        for r in self.failed_rows:
-            yield Text.assemble((f"{r.mesh} failed ({r.failure_stage}): ", "bold red"), r.failure)
-        if len(self.ok_rows) > 1:
-            yield Text(f"Losses of all {len(self.ok_rows)} shapes agree to {self.loss_spread:.1e} (relative, every step).")
-        o = self.overhead
-        yield Text(
-            f"Sweep wall time {o['wall_s']:.1f} s, of which {o['measured_s']:.3f} s in measured steps: "
-            f"overhead {o['overhead_s']:.1f} s ({o['overhead_share']:.0%}: build, compile, warm-up, checks).",
-        )
-        if self.machine["platform"] == "cpu":
-            yield Text(self.note, style="bold yellow")
+        yield from sweep_renderables(self, options.max_width)
 
 
 def sweep(
@@ -319,10 +312,10 @@ def sweep(
     finally:
         keras.distribution.set_distribution(previous)
     wall = time.perf_counter() - start
-    ok = [r for r in rows if r.ok]
-    if ok:
-        min(ok, key=lambda r: r.step_time).fastest = True
-    return SweepResult(rows, machine_info(devices if devices is not None else jax.devices()), settings, wall)
+    result = SweepResult(rows, machine_info(devices if devices is not None else jax.devices()), settings, wall)
+    if result.fastest is not None:
+        result.fastest.fastest = True
+    return result
 
 
 def mesh_factorisations(num_devices):
@@ -386,9 +379,9 @@ def _measure(row, spec, config, stage):
         stage("compiling")
         start = time.perf_counter()
         state = _state(model)
-        compiled = _attempt("compile", lambda: _compile(model, state, batches[0]))
+        compiled = _attempt("compile", lambda: compile_train_step(model, state, batches[0]))
         row.compile_s = time.perf_counter() - start
-        row.memory = _memory(compiled)
+        row.memory = xla_memory(compiled)
         _check_fits(spec, row.memory, config.device_memory)
         stage("warming up")
         state, _, warm_logs, _ = _attempt("run", lambda: _steps(compiled, state, batches, config.warmup, 0))
@@ -544,27 +537,6 @@ def _state(model):
         [v.value for v in model.optimizer.variables],
         [v.value for v in model.metrics_variables],
     )
-
-
-def _compile(model, state, batch):
-    import jax
-
-    shardings = jax.tree.map(lambda a: a.sharding, state)
-    # As Keras's make_train_function: the state is donated and keeps its shardings.
-    step = jax.jit(model.train_step, donate_argnums=0, out_shardings=(None, shardings))
-    return step.lower(state, batch).compile()
-
-
-def _memory(compiled):
-    analysis = compiled.memory_analysis()
-    if analysis is None:
-        return {}
-    memory = {k: int(getattr(analysis, f"{k}_size_in_bytes")) for k in MEMORY_FIELDS}
-    memory["total"] = memory["argument"] + memory["output"] - memory["alias"] + memory["temp"]
-    peak = getattr(analysis, "peak_memory_in_bytes", None)
-    if peak is not None:
-        memory["peak"] = int(peak)
-    return memory
 
 
 def _check_fits(spec, memory, device_memory):
@@ -776,7 +748,7 @@ def _device_memory(device_memory, devices):
     device = (list(devices) if devices is not None else jax.devices())[0]
     try:
         stats = device.memory_stats() or {}
-    except Exception:
+    except RuntimeError:  # a backend without memory statistics (jax raises JaxRuntimeError: UNIMPLEMENTED)
         stats = {}
     return stats.get("bytes_limit")
 
@@ -828,103 +800,3 @@ def _csv_record(row):
         "failure_stage": row.failure_stage,
         "failure": row.failure,
     }
-
-
-# --- rendering ---------------------------------------------------------------
-
-
-_COMPACT = ("mesh", "step ms", "samples/s", "XLA mem", "weights+opt", "loss", "vs bare")
-
-
-def _table(result, width=None):
-    from rich.table import Table
-
-    from kdist.render import human_bytes
-
-    has_tokens = any(r.tokens_per_s for r in result.rows)
-    has_estimate = any(r.estimate_bytes is not None for r in result.rows)
-    settings = result.settings
-    table = Table(
-        title=f"kdist sweep: {result.machine['device_count']} {result.machine['platform']} devices, "
-        f"batch {settings['batch_size']}, {settings['steps']} timed steps after {settings['warmup']} warm-up",
-        title_justify="left",
-    )
-    columns = ["mesh", "axes", "step ms", "IQR", "samples/s"] + (["tokens/s"] if has_tokens else [])
-    columns += ["compile s", "XLA mem", "weights+opt", "estimate", "loss", "vs bare", "notes"]
-    if width is not None and width < 140:
-        columns = [c for c in columns if c in _COMPACT]
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("mesh", "axes", "notes") else "right", no_wrap=name != "notes")
-    for r in result.rows:
-        if not r.ok:
-            failed = f"[red]failed ({r.failure_stage})[/]"
-            cells = {"mesh": r.mesh, "notes": failed} if "notes" in columns else {"mesh": r.mesh, "step ms": "[red]failed[/]"}
-            table.add_row(*(cells.get(c, "-") for c in columns))
-            continue
-        memory = r.memory.get("total")
-        cells = {
-            "mesh": r.mesh + (" ★" if r.fastest else ""),
-            "axes": " ".join(f"{k}:{v}" for k, v in r.axes.items()),
-            "step ms": f"{r.step_time * 1e3:.2f}",
-            "IQR": f"{r.step_time_iqr * 1e3:.2f}",
-            "samples/s": f"{r.samples_per_s:,.0f}",
-            "tokens/s": f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "-",
-            "compile s": f"{r.compile_s:.2f}",
-            "XLA mem": human_bytes(memory) if memory is not None else "n/a",
-            "weights+opt": human_bytes(r.state_bytes),
-            "estimate": human_bytes(r.estimate_bytes) if r.estimate_bytes is not None else "n/a",
-            "loss": f"{r.final_loss:.5f}",
-            "vs bare": f"{r.agreement:+.1%}" if r.agreement is not None else "-",
-            "notes": "fastest" if r.fastest else "",
-        }
-        table.add_row(*(cells[c] for c in columns), style="bold green" if r.fastest else None)
-    table.caption = (
-        "★ fastest median step time. Memory per device: XLA's compiled train step (argument + output "
-        "- alias + temp) and weights + optimizer state (kdist.inspect). loss: the last step's. vs bare: "
-        "median step time against the same compiled step timed in a bare loop."
-        + ("" if has_estimate else f" estimate: {NO_ESTIMATE}.")
-    )
-    return table
-
-
-def _plot(result, path, title):
-    import matplotlib.pyplot as plt
-
-    rows = result.rows
-    names = [r.mesh for r in rows]
-    positions = np.arange(len(rows))
-    fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(max(8, 1.3 * len(rows) + 4), 4.2))
-    step = [r.step_time * 1e3 if r.ok else 0 for r in rows]
-    quartiles = [np.percentile(r.step_times, [25, 75]) * 1e3 if r.ok else (0, 0) for r in rows]
-    spread = np.array([[s - q[0] for s, q in zip(step, quartiles)], [q[1] - s for s, q in zip(step, quartiles)]])
-    colors = ["tab:green" if r.fastest else ("tab:blue" if r.ok else "lightgray") for r in rows]
-    time_ax.bar(positions, step, yerr=spread, color=colors, capsize=3)
-    time_ax.set_ylabel("step time, ms (median; bars: 25th-75th percentile)")
-    time_ax.set_title("Step time per mesh shape")
-    series = [
-        ("XLA compiled step", "tab:orange", [r.memory.get("total", 0) if r.ok else 0 for r in rows]),
-        ("weights + optimizer", "tab:purple", [(r.state_bytes or 0) if r.ok else 0 for r in rows]),
-    ]
-    if any(r.estimate_bytes is not None for r in rows):
-        series.append(("planner estimate", "tab:gray", [r.estimate_bytes or 0 for r in rows]))
-    width = 0.8 / len(series)
-    for i, (label, color, values) in enumerate(series):
-        offset = (i - (len(series) - 1) / 2) * width
-        memory_ax.bar(positions + offset, np.array(values) / 2**20, width, label=label, color=color)
-    memory_ax.set_ylabel("MiB per device")
-    memory_ax.set_title("Memory per device")
-    memory_ax.legend(fontsize="small")
-    for ax in (time_ax, memory_ax):
-        ax.set_xticks(positions, names, rotation=30, ha="right")
-        for i, r in enumerate(rows):
-            if not r.ok:
-                ax.annotate("failed", (i, 0), ha="center", va="bottom", color="red", fontsize="small", rotation=90)
-    heading = title or "kdist sweep"
-    if result.machine["platform"] == "cpu":
-        kind = "fake CPU devices" if result.machine["fake_devices"] else "CPU device"
-        heading += f"\n{result.machine['device_count']} {kind}: times say nothing about accelerators"
-    fig.suptitle(heading, fontsize="medium")
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig

@@ -14,6 +14,7 @@ import importlib
 
 from kdist import models
 from kdist.errors import MissingDependencyError
+from kdist.rules.hub import BACKBONES
 
 # name -> (build function, description)
 ENTRIES = {
@@ -80,7 +81,7 @@ def tiny_entries():
         model = kdist.abstract_model(build)
     ```
     """
-    return {family: functools.partial(hub_backbone, class_name, **config) for family, (class_name, config) in TINY.items()}
+    return {family: functools.partial(hub_backbone, BACKBONES[family], **config) for family, config in TINY.items()}
 
 
 # Shared tiny sizes.
@@ -99,60 +100,51 @@ _GEMMA2 = dict(
     sliding_window_size=16,
 )
 
-# family -> (keras_hub.models class, tiny config)
+# family -> tiny config of its keras-hub backbone (`kdist.rules.hub.BACKBONES`)
 TINY = {
-    "llama": ("LlamaBackbone", _LM),
-    "llama3": ("Llama3Backbone", _LM),
-    "mistral": ("MistralBackbone", _LM),
-    "qwen": ("QwenBackbone", dict(_LM, tie_word_embeddings=False)),
-    "qwen2": ("Qwen2Backbone", _LM),
-    "qwen3": ("Qwen3Backbone", dict(_LM, head_dim=8, tie_word_embeddings=False)),
-    "phi3": ("Phi3Backbone", _LM),
-    "smollm3": (
-        "SmolLM3Backbone",
-        dict(
-            vocabulary_size=256, hidden_dim=64, intermediate_dim=128, num_layers=2, num_attention_heads=8,
-            num_key_value_heads=2, attention_bias=False, attention_dropout=0.0, rope_layer_enabled_list=[True, False],
-            layer_types=["attention", "attention"], mlp_bias=False, layer_norm_epsilon=1e-6,
-            max_position_embeddings=64, rope_theta=10000.0, partial_rotary_factor=1.0,
-        ),
+    "llama": _LM,
+    "llama3": _LM,
+    "mistral": _LM,
+    "qwen": dict(_LM, tie_word_embeddings=False),
+    "qwen2": _LM,
+    "qwen3": dict(_LM, head_dim=8, tie_word_embeddings=False),
+    "phi3": _LM,
+    "smollm3": dict(
+        vocabulary_size=256, hidden_dim=64, intermediate_dim=128, num_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, attention_bias=False, attention_dropout=0.0, rope_layer_enabled_list=[True, False],
+        layer_types=["attention", "attention"], mlp_bias=False, layer_norm_epsilon=1e-6,
+        max_position_embeddings=64, rope_theta=10000.0, partial_rotary_factor=1.0,
     ),
-    "mixtral": ("MixtralBackbone", dict(_LM, num_experts=4, top_k=2)),
-    "qwen_moe": ("QwenMoeBackbone", dict(_LM, moe_intermediate_dim=32, shared_expert_intermediate_dim=64, num_experts=4, top_k=2)),
-    "qwen3_moe": ("Qwen3MoeBackbone", dict(_LM, moe_intermediate_dim=32, num_experts=4, top_k=2, head_dim=8)),
-    "gpt_oss": ("GptOssBackbone", dict(_LM, num_experts=4, top_k=2, head_dim=8)),
-    "gemma": ("GemmaBackbone", dict(_LM, num_key_value_heads=1, head_dim=8)),
-    "gemma2": ("GemmaBackbone", dict(_LM, head_dim=8, **_GEMMA2)),
-    "gemma3": ("Gemma3Backbone", dict(_LM, head_dim=8, image_size=32, **dict(_GEMMA2, query_head_dim_normalize=True))),
-    "gpt2": ("GPT2Backbone", dict(_ENCODER, max_sequence_length=32)),
-    "opt": ("OPTBackbone", dict(_ENCODER, max_sequence_length=32)),
-    "gpt_neox": ("GPTNeoXBackbone", dict(_ENCODER, max_sequence_length=32)),
-    "falcon": ("FalconBackbone", dict(vocabulary_size=256, num_layers=2, num_attention_heads=8, hidden_dim=64, intermediate_dim=128)),
-    "bloom": ("BloomBackbone", _ENCODER),
-    "bert": ("BertBackbone", dict(_ENCODER, max_sequence_length=32)),
-    "roberta": ("RobertaBackbone", dict(_ENCODER, max_sequence_length=32)),
-    "xlm_roberta": ("XLMRobertaBackbone", dict(_ENCODER, max_sequence_length=32)),
-    "distil_bert": ("DistilBertBackbone", dict(_ENCODER, max_sequence_length=32)),
-    "electra": (
-        "ElectraBackbone",
-        dict(vocab_size=256, num_layers=2, num_heads=8, hidden_dim=64, embedding_dim=32, intermediate_dim=128, max_sequence_length=32),
-    ),
-    "albert": ("AlbertBackbone", dict(_ENCODER, embedding_dim=32, max_sequence_length=32)),
-    "deberta_v3": ("DebertaV3Backbone", dict(_ENCODER, max_sequence_length=32, bucket_size=8)),
-    "f_net": ("FNetBackbone", dict(vocabulary_size=256, num_layers=2, hidden_dim=64, intermediate_dim=128, max_sequence_length=32)),
-    "bart": ("BartBackbone", dict(_ENCODER, max_sequence_length=32)),
-    "whisper": ("WhisperBackbone", dict(_ENCODER, max_encoder_sequence_length=32, max_decoder_sequence_length=16)),
-    "t5": ("T5Backbone", dict(_ENCODER, tie_embedding_weights=False)),
-    "roformer_v2": ("RoformerV2Backbone", dict(_ENCODER, head_size=8)),
-    "esm": ("ESMBackbone", dict(_ENCODER, max_sequence_length=32)),
-    "vit": ("ViTBackbone", dict(_IMAGE, mlp_dim=128)),
-    "deit": ("DeiTBackbone", dict(_IMAGE, intermediate_dim=128)),
-    "dinov2": (
-        "DINOV2Backbone",
-        dict(patch_size=8, num_layers=2, hidden_dim=64, num_heads=8, intermediate_dim=128, image_shape=(32, 32, 3), position_embedding_shape=(32, 32, 3)),
-    ),
-    "clip": ("CLIPBackbone", dict(vision_encoder=("CLIPVisionEncoder", _CLIP_VISION), text_encoder=("CLIPTextEncoder", _CLIP_TEXT), projection_dim=64)),
-    "siglip": ("SigLIPBackbone", dict(vision_encoder=("SigLIPVisionEncoder", _CLIP_VISION), text_encoder=("SigLIPTextEncoder", _CLIP_TEXT))),
+    "mixtral": dict(_LM, num_experts=4, top_k=2),
+    "qwen_moe": dict(_LM, moe_intermediate_dim=32, shared_expert_intermediate_dim=64, num_experts=4, top_k=2),
+    "qwen3_moe": dict(_LM, moe_intermediate_dim=32, num_experts=4, top_k=2, head_dim=8),
+    "gpt_oss": dict(_LM, num_experts=4, top_k=2, head_dim=8),
+    "gemma": dict(_LM, num_key_value_heads=1, head_dim=8),
+    "gemma2": dict(_LM, head_dim=8, **_GEMMA2),
+    "gemma3": dict(_LM, head_dim=8, image_size=32, **dict(_GEMMA2, query_head_dim_normalize=True)),
+    "gpt2": dict(_ENCODER, max_sequence_length=32),
+    "opt": dict(_ENCODER, max_sequence_length=32),
+    "gpt_neox": dict(_ENCODER, max_sequence_length=32),
+    "falcon": dict(vocabulary_size=256, num_layers=2, num_attention_heads=8, hidden_dim=64, intermediate_dim=128),
+    "bloom": _ENCODER,
+    "bert": dict(_ENCODER, max_sequence_length=32),
+    "roberta": dict(_ENCODER, max_sequence_length=32),
+    "xlm_roberta": dict(_ENCODER, max_sequence_length=32),
+    "distil_bert": dict(_ENCODER, max_sequence_length=32),
+    "electra": dict(vocab_size=256, num_layers=2, num_heads=8, hidden_dim=64, embedding_dim=32, intermediate_dim=128, max_sequence_length=32),
+    "albert": dict(_ENCODER, embedding_dim=32, max_sequence_length=32),
+    "deberta_v3": dict(_ENCODER, max_sequence_length=32, bucket_size=8),
+    "f_net": dict(vocabulary_size=256, num_layers=2, hidden_dim=64, intermediate_dim=128, max_sequence_length=32),
+    "bart": dict(_ENCODER, max_sequence_length=32),
+    "whisper": dict(_ENCODER, max_encoder_sequence_length=32, max_decoder_sequence_length=16),
+    "t5": dict(_ENCODER, tie_embedding_weights=False),
+    "roformer_v2": dict(_ENCODER, head_size=8),
+    "esm": dict(_ENCODER, max_sequence_length=32),
+    "vit": dict(_IMAGE, mlp_dim=128),
+    "deit": dict(_IMAGE, intermediate_dim=128),
+    "dinov2": dict(patch_size=8, num_layers=2, hidden_dim=64, num_heads=8, intermediate_dim=128, image_shape=(32, 32, 3), position_embedding_shape=(32, 32, 3)),
+    "clip": dict(vision_encoder=("CLIPVisionEncoder", _CLIP_VISION), text_encoder=("CLIPTextEncoder", _CLIP_TEXT), projection_dim=64),
+    "siglip": dict(vision_encoder=("SigLIPVisionEncoder", _CLIP_VISION), text_encoder=("SigLIPTextEncoder", _CLIP_TEXT)),
 }
 
 # Published configurations (from the keras-hub presets / model cards).
@@ -212,8 +204,8 @@ PUBLISHED = {
 
 for _name, (_class, _config, _what) in PUBLISHED.items():
     register(_name, functools.partial(hub_backbone, _class, **_config), f"keras-hub {_class}: {_what}")
-for _family, (_class, _config) in TINY.items():
-    register(f"tiny-{_family.replace('_', '-')}", functools.partial(hub_backbone, _class, **_config), f"keras-hub {_class} at a tiny config")
+for _family, _build in tiny_entries().items():
+    register(f"tiny-{_family.replace('_', '-')}", _build, f"keras-hub {BACKBONES[_family]} at a tiny config")
 
 
 def model_builder(name):

@@ -34,13 +34,8 @@ class CrashAt(keras.callbacks.Callback):
             raise Crash(f"crashed at {self.at}")
 
 
-def _weights(model):
-    variables = [*model.trainable_variables, *model.non_trainable_variables, *model.optimizer.variables]
-    return {v.path: np.asarray(v.value) for v in variables}
-
-
 def _assert_same(model, reference):
-    weights = _weights(model)
+    weights = common.state(model)
     assert list(weights) == list(reference)
     for path, want in reference.items():
         np.testing.assert_allclose(weights[path], want, rtol=1e-5, atol=1e-6, err_msg=path)
@@ -99,7 +94,7 @@ def test_keras_callback_restarts_the_interrupted_epoch_from_its_first_batch(refe
         train("2x4", epochs=2, callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=3), CrashAt(1, 3)])
     losses, model = train("2x4", epochs=2, callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=3)])
     assert len(losses) == 4  # epoch 1 ran again in full, on top of the weights saved after its batch 1
-    weights = _weights(model)
+    weights = common.state(model)
     assert not all(np.allclose(weights[p], want, rtol=1e-5, atol=1e-6) for p, want in reference[1].items())
 
 
@@ -121,7 +116,7 @@ def test_save_and_restore_round_trip_between_meshes(tmp_path):
         target.layers[0].kernel.assign(np.zeros((16, 32), "float32"))
     meta = restore_checkpoint(target, tmp_path / "state.npz")
     assert (meta["epoch"], meta["batches_done"]) == (3, 1)
-    _assert_same(target, _weights(source))
+    _assert_same(target, common.state(source))
 
 
 def test_resuming_with_a_shorter_dataset_is_refused(crashed, tmp_path):

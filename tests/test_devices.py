@@ -49,3 +49,15 @@ def test_bad_environment_variable_names_it():
     result = run_python("import kdist", env={"KDIST_FAKE_DEVICES": "eight"})
     assert result.returncode != 0
     assert "KDIST_FAKE_DEVICES='eight' is not an integer" in result.stderr
+
+
+def test_fake_devices_env_replaces_the_device_count_and_keeps_other_flags():
+    from kdist.devices import fake_devices_env
+
+    env = fake_devices_env(4, "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8 --xla_bar")
+    assert env == {
+        "JAX_NUM_CPU_DEVICES": "4",
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_cpu_foo=1 --xla_bar --xla_force_host_platform_device_count=4",
+    }
+    assert fake_devices_env(2)["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"

@@ -333,3 +333,17 @@ def test_cli_rule_set_by_name(capsys):
     data = json.loads(out.out)
     assert code == 0 and data["summary"]["rules"] == "keras-core"
     assert [f["code"] for f in data["findings"] if f["path"] == "mlp/d2/kernel"] == ["KD302"]
+
+
+def _unbuilt_model():
+    return keras.Sequential([keras.layers.Dense(4)], name="unbuilt")
+
+
+def test_unbuilt_model_error_names_the_model():
+    with pytest.raises(ValueError, match=r"no variables in Sequential 'unbuilt'.*build the model"):
+        lint("auto", _unbuilt_model(), mesh="2x4")
+
+
+def test_cli_unbuilt_model_exits_2(capsys):
+    code, out = _cli(capsys, "tests.test_linter:_unbuilt_model")
+    assert code == 2 and "no variables in Sequential 'unbuilt'" in out.err

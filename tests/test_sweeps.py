@@ -257,3 +257,12 @@ def test_notebook_runs_a_sweep_and_shows_the_plot():
     text = "".join(o.get("text", "") + "".join(str(v) for k, v in o.get("data", {}).items() if k == "text/plain") for o in outputs)
     assert "★" in text and "say nothing about accelerators" in text
     assert any("image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_table_keeps_the_compact_columns_on_narrow_consoles(result):
+    full = [str(c.header) for c in result.table().columns]
+    assert {"IQR", "compile s", "notes"} <= set(full)
+    console = Console(record=True, width=100)
+    console.print(result)
+    text = console.export_text()
+    assert "vs bare" in text and "IQR" not in text and "compile s" not in text

@@ -59,10 +59,6 @@ def run(args):
 
     try:
         model = load_model(args.model)  # abstract: no weights allocated
-    except ValueError as e:
-        print(f"kdist: error: {e}", file=sys.stderr)
-        return 2
-    try:
         distribution = kdist.preset(args.mesh, rules=_rules(args.rules))
         report = kdist.inspect(model, distribution, optimizer=args.optimizer)
         if args.var:

@@ -32,13 +32,13 @@ def run(args):
     from kdist.linter import SIZE_THRESHOLD, lint
     from kdist.zoo import load_model
 
+    threshold = SIZE_THRESHOLD if args.size_threshold is None else args.size_threshold
     try:
         model = load_model(args.model)  # abstract: no weights allocated
-    except (ValueError, ImportError) as e:  # unknown model, keras-hub missing
+        report = lint(args.rules, model, mesh=args.mesh, size_threshold=threshold)
+    except (ValueError, ImportError) as e:  # unknown model, keras-hub missing, a model without variables
         print(f"kdist: error: {e}", file=sys.stderr)
         return 2
-    threshold = SIZE_THRESHOLD if args.size_threshold is None else args.size_threshold
-    report = lint(args.rules, model, mesh=args.mesh, size_threshold=threshold)
     if args.json:
         print(report.to_json(indent=2))
     else:

@@ -36,17 +36,15 @@ def run(args):
     import rich
     from rich.console import Console
 
+    from kdist import zoo
     from kdist.memory import parse_size
     from kdist.planner import plan
-    from kdist.zoo import load_model
 
     if args.verify:
         _check_devices(args.devices)
-    from kdist import zoo
-
     # The builder, not a built model: --verify rebuilds the model for each mesh.
     build = zoo.model_builder(args.model) if args.verify else None
-    model = build if build is not None else load_model(args.model)
+    model = build if build is not None else zoo.load_model(args.model)
     result = plan(
         model,
         args.devices,

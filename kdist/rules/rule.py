@@ -227,6 +227,8 @@ def place_with_rule(rule, path, shape, axis_sizes):
                 missing = ", ".join(repr(r) for r in _missing_roles(layout, axis_sizes))
                 tried.append(f"layout {layout}: the mesh has no {missing} axis")
         fitting = usable
+    skipped = len(tried)  # candidates passed over for a role the mesh lacks
+    first = None  # (axes, indivisible dimensions) of the first candidate tried
     for layout in fitting:
         axes = bind_layout(rule, expand_layout(layout, len(shape)), axis_sizes)
         bad = _indivisible(shape, axes, axis_sizes)
@@ -235,10 +237,10 @@ def place_with_rule(rule, path, shape, axis_sizes):
             reason = "; ".join(tried)
             return Placement(path, shape, axes, source, rule, reason)
         tried.append(_describe(axes, bad, shape, axis_sizes))
-    axes = bind_layout(rule, expand_layout(fitting[0], len(shape)), axis_sizes)
-    bad = _indivisible(shape, axes, axis_sizes)
+        first = first or (axes, bad)
+    # No candidate divides: the first one, with its indivisible dimensions replicated.
+    axes, bad = first
     axes = tuple(None if i in bad else a for i, a in enumerate(axes))
-    skipped = len(tried) - len(fitting)
     reason = "; ".join([*tried[:skipped], tried[skipped] + ": replicated those dimensions"])
     return Placement(path, shape, axes, "fallback", rule, reason)
 

@@ -55,5 +55,10 @@ def reference():
     """
     dp_losses, _ = train("dp")
     losses, model = train("2x4", epochs=2)
+    return {"dp": dp_losses, "2x4": losses, "state": state(model)}
+
+
+def state(model):
+    """{path: value} of the model's weights and optimizer variables."""
     variables = [*model.trainable_variables, *model.non_trainable_variables, *model.optimizer.variables]
-    return {"dp": dp_losses, "2x4": losses, "state": {v.path: np.asarray(v.value) for v in variables}}
+    return {v.path: np.asarray(v.value) for v in variables}
