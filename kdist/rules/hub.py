@@ -317,7 +317,7 @@ def with_lora(rule_set):
     """
     lora = []
     for rule in rule_set:
-        if rule.pattern.endswith("/kernel") and not rule.replicates:
+        if rule.pattern.endswith("kernel") and not rule.replicates:
             stem = rule.pattern[: -len("kernel")]
             note = f"LoRA adapter of: {rule.note}"
             lora.append(Rule(stem + "lora_kernel_a", _distinct([_lora_a(layout) for layout in rule.layouts]), note, rule.family))

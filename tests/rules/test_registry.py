@@ -39,3 +39,15 @@ def test_lora_option_shards_adapters_like_their_kernels():
     # row-parallel kernel (in, out): A (in, rank) on model
     assert rules.place("transformer_layer_0/feedforward_output_dense/lora_kernel_a", (128, 4), axes).axes == ("model", None)
     assert not get_rules("llama").place("transformer_layer_0/feedforward_output_dense/lora_kernel_a", (128, 4), axes).sharded
+
+
+def test_lora_option_covers_keras_core_dense_layers():
+    dist = kdist.preset("2x4", rules=get_rules("keras-core", lora=True))
+    with dist.scope():
+        model = kdist.models.mnist_mlp()
+        model.get_layer("d1").enable_lora(4)
+    layer = model.get_layer("d1")
+    assert tuple(layer.lora_kernel_b.value.sharding.spec) == (None, "model")  # column-parallel kernel: B on model
+    assert layer.lora_kernel_a.value.sharding.is_fully_replicated
+    replicated = kdist.preset("2x4", rules=get_rules("keras-core"))
+    assert not replicated.place(layer.lora_kernel_b.path, (4, 200)).sharded
