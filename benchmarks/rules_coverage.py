@@ -130,28 +130,19 @@ def cell(value):
 
 
 def tables(rows, published):
-    head = "| family | keras-hub backbone | ships get_layout_map | " + " | ".join(f"kdist {s}" for s in MESHES) + " | " + " | ".join(f"keras-hub map {s}" for s in MESHES) + " |"
-    lines = ["Tiny configs (`kdist.zoo.tiny_entries()`):", "", head, "|" + "---|" * (3 + 2 * len(MESHES))]
-    for r in rows:
-        lines.append(
-            f"| {r['family']} | {r['backbone']} | {'yes' if r['own_map'] else 'no'} | "
-            + " | ".join(cell(r[f"kdist {s}"]) for s in MESHES)
-            + " | "
-            + " | ".join(cell(r[f"keras-hub {s}"]) for s in MESHES)
-            + " |"
-        )
-    lines += ["", "Published configs (zoo entries):", ""]
-    lines.append("| model | keras-hub backbone | parameters | " + " | ".join(f"kdist {s}" for s in MESHES) + " | " + " | ".join(f"keras-hub map {s}" for s in MESHES) + " |")
-    lines.append("|" + "---|" * (3 + 2 * len(MESHES)))
-    for r in published:
-        lines.append(
-            f"| {r['model']} | {r['backbone']} | {r['parameters'] / 1e9:.2f}e9 | "
-            + " | ".join(cell(r[f"kdist {s}"]) for s in MESHES)
-            + " | "
-            + " | ".join(cell(r[f"keras-hub {s}"]) for s in MESHES)
-            + " |"
-        )
+    shares = " | ".join(f"kdist {s}" for s in MESHES) + " | " + " | ".join(f"keras-hub map {s}" for s in MESHES)
+    rule = "|" + "---|" * (3 + 2 * len(MESHES))
+    lines = ["Tiny configs (`kdist.zoo.tiny_entries()`):", "", f"| family | keras-hub backbone | ships get_layout_map | {shares} |", rule]
+    lines += [_row(r["family"], r["backbone"], "yes" if r["own_map"] else "no", r) for r in rows]
+    lines += ["", "Published configs (zoo entries):", "", f"| model | keras-hub backbone | parameters | {shares} |", rule]
+    lines += [_row(r["model"], r["backbone"], f"{r['parameters'] / 1e9:.2f}e9", r) for r in published]
     return "\n".join(lines)
+
+
+def _row(first, second, third, r):
+    kdist_cells = " | ".join(cell(r[f"kdist {s}"]) for s in MESHES)
+    hub_cells = " | ".join(cell(r[f"keras-hub {s}"]) for s in MESHES)
+    return f"| {first} | {second} | {third} | {kdist_cells} | {hub_cells} |"
 
 
 def write_docs(text, meta):
