@@ -77,8 +77,6 @@ def measure(case):
     kdist.fake_devices(devices)
     import keras_hub
 
-    from kdist.render import report_text
-
     out = {"case": case, "model": model_name, "mesh": spec, "devices": devices, "optimizer": optimizer}
     out["import_s"] = time.perf_counter() - start
     start = time.perf_counter()
@@ -94,7 +92,7 @@ def measure(case):
     out["inspect_s"] = time.perf_counter() - start
     assert all(v._value is None for v in model.variables), "weights were allocated"
     start = time.perf_counter()
-    text = report_text(report, width=80)
+    text = str(report)
     out["render_s"] = time.perf_counter() - start
     start = time.perf_counter()
     report.to_json()

@@ -28,7 +28,7 @@ def main(name, build, description, batch_size, steps=40, warmup=5):
     kdist.fake_devices(args.devices)
     from rich.console import Console
 
-    from kdist.sweeps import random_data
+    from kdist.runtime.sample_data import random_data
 
     console = Console(width=160)
     samples = args.batch_size * min(args.steps + args.warmup, 8)

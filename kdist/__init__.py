@@ -8,37 +8,58 @@ keras.distribution.set_distribution(kdist.preset("2x4"))
 model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256), keras.layers.Dense(10)])
 print(kdist.inspect(model).summary)
 ```
+
+docs/architecture.md describes the package's layers.
 """
 
 from kdist.backend import require_jax_backend as _require_jax_backend
 
-_require_jax_backend()
+_require_jax_backend()  # before anything imports keras
 
 from kdist.devices import fake_devices, fake_devices_from_env as _fake_devices_from_env  # noqa: E402
 
-_fake_devices_from_env()
+_fake_devices_from_env()  # before anything starts jax's devices
 
 from kdist import models  # noqa: E402,F401  (small example models)
 from kdist.abstract import abstract_model  # noqa: E402
-from kdist.backup import BackupAndRestore, CheckpointError  # noqa: E402
-from kdist.checkpoint import load_sharded, save_sharded  # noqa: E402
-from kdist.cluster import ClusterConfig, ClusterError, cluster_from_tf_config, initialize  # noqa: E402
-from kdist.data import BatchSizeError, check_batch_size, check_dataset, check_fit_inputs, global_batch_size, make_dataset  # noqa: E402
 from kdist.distribution import ShardedDistribution  # noqa: E402
-from kdist.errors import BackendError, FakeDevicesError, KdistError, MissingDependencyError, RuleError, SpecError  # noqa: E402
-from kdist.inspector import GridView, ShardingReport, grid_view, inspect  # noqa: E402
-from kdist.launcher import LaunchError, LaunchResult, launch  # noqa: E402
-from kdist.linter import LintReport, lint  # noqa: E402
-from kdist.parallel_dims import ParallelDims  # noqa: E402
-from kdist.planner import Plan, PlanError, plan  # noqa: E402
-from kdist.presets import mesh, preset  # noqa: E402
-from kdist.resharding import ReshardResult, plan_reshape, reshard  # noqa: E402
-from kdist.rules import RULE_SETS, Placement, Rule, RuleSet, get_rules, load_rules  # noqa: E402
-from kdist.sweeps import SweepResult, sweep  # noqa: E402
-
-__version__ = "0.1.0"
+from kdist.errors import (  # noqa: E402
+    ArgumentError,
+    ArgumentTypeError,
+    BackendError,
+    BatchSizeError,
+    CheckpointError,
+    ClusterError,
+    FakeDevicesError,
+    KdistError,
+    LaunchError,
+    MissingDependencyError,
+    ModelError,
+    PlanError,
+    ReshardError,
+    RuleError,
+    SizeError,
+    SpecError,
+)
+from kdist.inspection import GridView, ShardingReport, grid_view, inspect  # noqa: E402
+from kdist.linting import LintReport, lint  # noqa: E402
+from kdist.meshes import ParallelDims  # noqa: E402
+from kdist.planning import Plan, plan, preset  # noqa: E402
+from kdist.presets import mesh  # noqa: E402
+from kdist.rules import RULE_SETS, Placement, Rule, RuleSet, get_rules, load_rules, save_rules  # noqa: E402
+from kdist.runtime.backup import BackupAndRestore  # noqa: E402
+from kdist.runtime.checkpoints import load_sharded, save_sharded  # noqa: E402
+from kdist.runtime.cluster import ClusterConfig, cluster_from_tf_config, initialize  # noqa: E402
+from kdist.runtime.data import check_batch_size, check_dataset, check_fit_inputs, global_batch_size, make_dataset  # noqa: E402
+from kdist.runtime.launcher import LaunchResult, launch  # noqa: E402
+from kdist.runtime.resharding import ReshardResult, plan_reshape, reshard  # noqa: E402
+from kdist.runtime.sweeping import sweep  # noqa: E402
+from kdist.runtime.sweep_result import SweepResult  # noqa: E402
+from kdist.version import __version__  # noqa: E402
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
     "BackendError",
     "BackupAndRestore",
     "BatchSizeError",
@@ -52,19 +73,23 @@ __all__ = [
     "LaunchResult",
     "LintReport",
     "MissingDependencyError",
+    "ModelError",
     "ParallelDims",
     "Placement",
     "Plan",
     "PlanError",
     "RULE_SETS",
+    "ReshardError",
     "ReshardResult",
     "Rule",
     "RuleError",
     "RuleSet",
     "ShardedDistribution",
     "ShardingReport",
+    "SizeError",
     "SpecError",
     "SweepResult",
+    "__version__",
     "abstract_model",
     "check_batch_size",
     "check_dataset",
@@ -86,6 +111,7 @@ __all__ = [
     "plan_reshape",
     "preset",
     "reshard",
+    "save_rules",
     "save_sharded",
     "sweep",
 ]

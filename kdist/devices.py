@@ -1,23 +1,27 @@
-"""Fake CPU devices, so that meshes of any size can be tried on one CPU."""
+"""Devices: fake CPU devices for trying meshes on one CPU, and naming and choosing jax devices."""
 
+import importlib.util
 import os
 import re
-import sys
 
-from kdist.errors import FakeDevicesError
+import jax
+
+from kdist.checks import MAX_FAKE_DEVICES, positive_int
+from kdist.errors import FakeDevicesError, SpecError
+from kdist.jax_internals import backends_initialized
 
 ENV_VAR = "KDIST_FAKE_DEVICES"
 _XLA_FLAG = "--xla_force_host_platform_device_count"
 _XLA_FLAG_SETTING = re.compile(rf"{_XLA_FLAG}=\S*")
+_ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
 
 
 def fake_devices(n):
     """Give JAX `n` CPU devices. Must run before JAX initialises its backends.
 
     Sets `JAX_NUM_CPU_DEVICES`, the `XLA_FLAGS` host device count and
-    `JAX_PLATFORMS=cpu` (or the matching `jax.config` options when jax is
-    already imported but has not initialised). Calling it again with the same
-    count is a no-op.
+    `JAX_PLATFORMS=cpu`, and the matching `jax.config` options. Calling it
+    again with the same count is a no-op.
 
     Example:
 
@@ -29,18 +33,14 @@ def fake_devices(n):
     ```
 
     Args:
-        n: number of CPU devices, a positive integer.
+        n: number of CPU devices, a positive integer (at most 4096).
 
     Raises:
         FakeDevicesError: JAX already initialised with a different device count.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"fake_devices(n) needs a positive integer; received n={n!r}.")
-    if _backends_initialized():
-        import jax
-
-        have = jax.device_count()
-        platform = jax.devices()[0].platform
+    n = positive_int(n, "fake_devices(n)", maximum=MAX_FAKE_DEVICES)
+    if backends_initialized():
+        have, platform = jax.device_count(), jax.devices()[0].platform
         if have == n and platform == "cpu":
             return
         raise FakeDevicesError(
@@ -50,11 +50,8 @@ def fake_devices(n):
             f"`kdist ... --fake-devices {n}`."
         )
     os.environ.update(fake_devices_env(n, os.environ.get("XLA_FLAGS", "")))
-    if "jax" in sys.modules:
-        import jax
-
-        jax.config.update("jax_num_cpu_devices", n)
-        jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", n)
+    jax.config.update("jax_platforms", "cpu")
 
 
 def fake_devices_env(n, xla_flags=""):
@@ -72,23 +69,69 @@ def xla_flags_without_device_count(xla_flags):
 
 
 def fake_devices_from_env():
-    """Apply `KDIST_FAKE_DEVICES` if it is set. Returns the count, or None."""
+    """Apply `KDIST_FAKE_DEVICES` if it is set (0: the real devices). Returns the count, or None."""
     value = os.environ.get(ENV_VAR)
-    if not value:
+    if not value or value.strip() == "0":
         return None
     try:
         n = int(value)
     except ValueError:
-        raise ValueError(
-            f"{ENV_VAR}={value!r} is not an integer; set it to a device count such as 8."
-        ) from None
+        raise FakeDevicesError(f"{ENV_VAR}={value!r} is not an integer; set it to a device count such as 8.") from None
     fake_devices(n)
     return n
 
 
-def _backends_initialized():
-    if "jax" not in sys.modules:
-        return False
-    from jax._src import xla_bridge
+def has_accelerator_plugin():
+    """Whether a GPU or TPU plugin for jax is installed (without starting jax)."""
+    return any(importlib.util.find_spec(name) for name in _ACCELERATOR_PLUGINS)
 
-    return xla_bridge.backends_are_initialized()
+
+def device_name(device):
+    """"cpu:3" for a jax device (or a device name string, lower-cased)."""
+    if isinstance(device, str):
+        return device.lower()
+    return f"{device.platform}:{device.id}"
+
+
+def device_sort_key(name):
+    """Sorts "cpu:2" before "cpu:10"."""
+    platform, _, number = name.rpartition(":")
+    return (platform, int(number)) if number.isdigit() else (name, 0)
+
+
+def resolve_devices(devices=None):
+    """The jax devices `devices` names (jax devices or names such as "cpu:0"); all of them for None.
+
+    Raises:
+        SpecError: an empty list, an unknown name, a device listed twice, or
+            something that is not a device.
+    """
+    if devices is None:
+        return jax.devices()
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+        raise SpecError(f'devices must be a list of jax devices or names such as "cpu:0"; received {devices!r}.')
+    by_name = {device_name(d): d for d in jax.devices()}
+    resolved = []
+    for d in _flat(devices):
+        if isinstance(d, str):
+            if d.lower() not in by_name:
+                raise SpecError(f"Unknown device {d!r}; known devices are {sorted(by_name, key=device_sort_key)}.")
+            d = by_name[d.lower()]
+        elif not isinstance(d, jax.Device):
+            raise SpecError(f'devices must hold jax devices or names such as "cpu:0"; received {d!r} ({type(d).__name__}).')
+        resolved.append(d)
+    if not resolved:
+        raise SpecError(f"devices is empty; pass at least one device, or None for all {len(by_name)}.")
+    names = [device_name(d) for d in resolved]
+    twice = sorted({n for n in names if names.count(n) > 1}, key=device_sort_key)
+    if twice:
+        raise SpecError(f"devices lists {twice[0]!r} more than once; each device may appear in a mesh once.")
+    return resolved
+
+
+def _flat(devices):
+    for d in devices:
+        if isinstance(d, (list, tuple)) or getattr(d, "ndim", 0) > 0:
+            yield from _flat(list(d))
+        else:
+            yield d

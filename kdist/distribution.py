@@ -1,27 +1,25 @@
-"""The Keras distribution behind every kdist preset."""
+"""The Keras distribution behind every kdist preset: the placement engine's axes as Keras `TensorLayout`s."""
 
-import dataclasses
-import math
+from keras.distribution import DeviceMesh, LayoutMap, ModelParallel, TensorLayout
 
-from keras.distribution import LayoutMap, ModelParallel, TensorLayout
-
-from kdist.parallel_dims import BATCH_ROLES
-from kdist.rules.binding import bind_mesh
-from kdist.rules.rule import Placement, RuleSet
-
-# Variables with fewer elements than this stay replicated on the fsdp axis:
-# gathering them costs more than the memory they would save.
-FSDP_MIN_SIZE = 4096
+from kdist.errors import ArgumentTypeError
+from kdist.keras_internals import own_layout
+from kdist.meshes.spec import ParallelDims
+from kdist.rules.placement import Placement
+from kdist.rules.placer import FSDP_MIN_SIZE
+from kdist.rules.registry import placer_for
 
 
 class ShardedDistribution(ModelParallel):
-    """A `keras.distribution.ModelParallel` whose layouts come from kdist rules.
+    """A `keras.distribution.ModelParallel` whose layouts come from kdist's placement engine.
 
     For each variable, the first matching rule gives its layout; a sharded
-    dimension that does not divide by its mesh axis is replicated instead of
-    failing, and the reason is kept in `placements`. On meshes with an fsdp
-    axis, each variable is also sharded along its largest still-unsharded
-    dimension that divides. The batch is split over the data and fsdp axes.
+    dimension that does not divide by its mesh axis falls back to the rule's
+    next candidate or is replicated, never jax's raw error, and the reason is
+    kept in `placements`. On meshes with an fsdp axis, each variable is also
+    sharded along its largest still-unsharded dimension that divides. The
+    batch is split over the data and fsdp axes. Given a Keras `LayoutMap` as
+    rules, Keras's own lookup applies, activation layouts included.
 
     Build one with `kdist.preset(...)`; it works with
     `keras.distribution.set_distribution` and `with dist.scope():`.
@@ -35,67 +33,95 @@ class ShardedDistribution(ModelParallel):
     dist.placements["sequential/dense/kernel"].axes   # (None, "model")
     ```
 
+    Args:
+        device_mesh: a `keras.distribution.DeviceMesh`.
+        rules: what `kdist.preset` takes: None / "auto", a rule set name or
+            file, a `RuleSet`, a Keras `LayoutMap` or `(pattern, layouts)` pairs.
+        roles: the role of each mesh axis; defaults to the axis names.
+        spec: the spec string it was built from, for reports.
+        fsdp_min_size: variables with fewer elements stay replicated over fsdp.
+        auto_shard_dataset: as in Keras's `ModelParallel`.
+
     Attributes:
         spec: the spec string the distribution was built from, if any.
-        rules: the `RuleSet` in force.
+        rules: the `RuleSet` (or `kdist.rules.LayoutMapRules`) in force.
+        dims: the mesh as a `kdist.ParallelDims` (axis names, sizes, roles).
         roles: the role of each mesh axis ("data", "fsdp", "model", "expert").
+        placer: the `kdist.rules.Placer` that decides every layout.
         placements: variable path -> `Placement`, for each variable laid out so far.
     """
 
-    def __init__(self, device_mesh, rules=None, *, roles=None, spec=None, fsdp_min_size=FSDP_MIN_SIZE, auto_shard_dataset=True):
-        self.rules = rules if rules is not None else RuleSet(name="none")
-        self.roles = tuple(roles) if roles is not None else tuple(device_mesh.axis_names)
+    def __init__(self, device_mesh, rules=None, *, roles=None, spec=None, fsdp_min_size=FSDP_MIN_SIZE,
+                 auto_shard_dataset=True):
+        if not isinstance(device_mesh, DeviceMesh):
+            raise ArgumentTypeError(
+                f"ShardedDistribution needs a keras.distribution.DeviceMesh (e.g. kdist.mesh('2x4')); "
+                f"received {type(device_mesh).__name__}."
+            )
+        self.dims = ParallelDims.from_device_mesh(device_mesh, roles)
+        self.placer = placer_for(rules, self.dims, fsdp_min_size=fsdp_min_size)
         self.spec = spec
-        self.fsdp_min_size = fsdp_min_size
-        self.axis_sizes = bind_mesh(device_mesh, self.roles)
         self.placements = {}
-        names = device_mesh.axis_names
-        self.batch_axes = tuple(n for n, r in zip(names, self.roles) if r in BATCH_ROLES)
+        names = self.dims.names
         super().__init__(
             layout_map=LayoutMap(device_mesh),
-            batch_dim_name=self.batch_axes[0] if self.batch_axes else names[0],
+            batch_dim_name=self.dims.batch_axes[0] if self.dims.batch_axes else names[0],
             auto_shard_dataset=auto_shard_dataset,
         )
 
     @property
+    def rules(self):
+        return self.placer.rules
+
+    @property
+    def roles(self):
+        return self.dims.roles
+
+    @property
+    def fsdp_min_size(self):
+        return self.placer.fsdp_min_size
+
+    @property
+    def batch_axes(self):
+        """Mesh axes the batch is split over."""
+        return self.dims.batch_axes
+
+    @property
     def num_model_replicas(self):
-        sizes = dict(zip(self.device_mesh.axis_names, self.device_mesh.shape))
-        return math.prod(sizes[a] for a in self.batch_axes)
+        return self.dims.num_batch_shards
 
     def get_data_layout(self, data_shape):
         axes = [None] * len(data_shape)
-        if self.batch_axes and axes:
-            axes[0] = self.batch_axes[0] if len(self.batch_axes) == 1 else self.batch_axes
-        return _MultiAxisLayout(axes, self.device_mesh)
+        batch = self.dims.batch_axes
+        if batch and axes:
+            axes[0] = batch[0] if len(batch) == 1 else batch
+        return MultiAxisLayout(axes, self.device_mesh)
 
     def get_variable_layout(self, variable):
-        if getattr(variable, "_layout", None) is not None:
+        layout = own_layout(variable)
+        if layout is not None:
             self.placements[variable.path] = Placement(
-                variable.path, tuple(variable.shape), _axes_of(variable._layout), "explicit", reason="the variable carried its own layout"
+                variable.path, tuple(variable.shape), layout_axes(layout), "explicit", reason="the variable carried its own layout"
             )
-            return variable._layout
+            return layout
         placement = self.place(variable.path, variable.shape)
         self.placements[variable.path] = placement
         return TensorLayout(placement.axes, self.device_mesh)
 
     def get_tensor_layout(self, path):
-        return None  # activations: let XLA propagate shardings from the weights
+        axes = self.placer.activation(path)
+        return None if axes is None else MultiAxisLayout(axes, self.device_mesh)
 
     def place(self, path, shape):
         """The `Placement` this distribution gives a variable, without creating it."""
-        placement = self.rules.place(path, shape, self.axis_sizes)
-        fsdp = self.axis_sizes.get("fsdp")
-        if fsdp is None or fsdp[1] == 1:
-            return placement
-        return shard_fsdp(placement, *fsdp, self.fsdp_min_size)
+        return self.placer.place(path, shape)
 
     def __repr__(self):
-        shape = dict(zip(self.device_mesh.axis_names, self.device_mesh.shape))
-        return f"<ShardedDistribution spec={self.spec!r} mesh={shape} rules={self.rules.name!r}>"
+        return f"<ShardedDistribution spec={self.spec!r} mesh={self.dims.axis_sizes} rules={self.rules.name!r}>"
 
 
-class _MultiAxisLayout(TensorLayout):
-    """A TensorLayout whose dimensions may be split over several mesh axes."""
+class MultiAxisLayout(TensorLayout):
+    """A TensorLayout whose dimensions may be split over several mesh axes (a tuple of names)."""
 
     def _validate_axes(self):
         if self._device_mesh:
@@ -105,27 +131,8 @@ class _MultiAxisLayout(TensorLayout):
                 raise ValueError(f"Layout axes {sorted(unknown)} are not in mesh axes {self._device_mesh.axis_names}.")
 
 
-def shard_fsdp(placement, axis, size, min_size):
-    shape, axes = placement.shape, placement.axes
-    if axis in axes:
-        return placement
-    if math.prod(shape) < min_size:
-        return placement
-    free = [i for i, a in enumerate(axes) if a is None and shape[i] % size == 0]
-    if not free:
-        reason = f"no unsharded dimension of {shape} divides by {axis}={size}: replicated over {axis}"
-        return dataclasses.replace(placement, reason=_join(placement.reason, reason))
-    dim = max(free, key=lambda i: shape[i])
-    new_axes = tuple(axis if i == dim else a for i, a in enumerate(axes))
-    source = "fsdp" if placement.source == "default" else placement.source
-    return dataclasses.replace(placement, axes=new_axes, source=source)
-
-
-def _join(*reasons):
-    return "; ".join(r for r in reasons if r)
-
-
-def _axes_of(layout):
+def layout_axes(layout):
+    """The axes of a Keras `TensorLayout` or of a jax `NamedSharding` (its spec), as a tuple."""
     if isinstance(layout, TensorLayout):
         return tuple(layout.axes)
     return tuple(getattr(layout, "spec", ()))

@@ -1,18 +1,19 @@
 """Where a run happened: platform, CPU count, devices and versions, for benchmark and sweep results."""
 
+import importlib.metadata
 import os
 import platform
 import time
 
+import jax
+import jaxlib
+import keras
+
+from kdist.version import __version__
+
 
 def machine_info(devices=None):
     """Where a sweep or benchmark ran: platform, CPU count, devices and versions."""
-    import jax
-    import jaxlib
-    import keras
-
-    import kdist
-
     devices = list(devices) if devices is not None else jax.devices()
     platform_name = devices[0].platform
     return {
@@ -29,15 +30,15 @@ def machine_info(devices=None):
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "keras": keras.__version__,
-        "kdist": kdist.__version__,
-        "keras_hub": _version("keras_hub"),
+        "kdist": __version__,
+        "keras_hub": _version("keras-hub"),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
-def _version(module):
+def _version(distribution):
     try:
-        return __import__(module).__version__
-    except ImportError:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
         return None

@@ -1,6 +1,7 @@
 """Small Keras models used by the demo, the tests and the benchmarks."""
 
 import keras
+from keras import layers
 
 
 def mnist_mlp():
@@ -44,8 +45,6 @@ class PositionEmbedding(keras.layers.Layer):
 
 def tiny_transformer(vocabulary_size=512, sequence_length=32, hidden_dim=64, num_heads=4, num_layers=2):
     """A tiny decoder-only language model built from Keras core layers."""
-    from keras import layers
-
     tokens = keras.Input(shape=(sequence_length,), dtype="int32", name="tokens")
     x = layers.Embedding(vocabulary_size, hidden_dim, name="token_embedding")(tokens)
     x = PositionEmbedding(name="position_embedding")(x)

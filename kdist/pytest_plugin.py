@@ -10,7 +10,10 @@ test order.
 
 import os
 
+import keras
 import pytest
+
+from kdist.devices import ENV_VAR, fake_devices
 
 
 def pytest_addoption(parser):
@@ -19,16 +22,12 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    from kdist.devices import ENV_VAR, fake_devices
-
     n = config.getoption("--fake-devices") or os.environ.get(ENV_VAR) or config.getini("kdist_fake_devices")
     fake_devices(int(n))
 
 
 @pytest.fixture(autouse=True)
 def _kdist_fresh_keras():
-    import keras
-
     keras.distribution.set_distribution(None)
     keras.backend.clear_session(free_memory=False)  # a full gc per test costs ~0.5 s
     yield

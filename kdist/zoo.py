@@ -11,10 +11,19 @@ default): no weights are allocated.
 
 import functools
 import importlib
+import os
+import sys
 
 from kdist import models
-from kdist.errors import MissingDependencyError
+from kdist.abstract import abstract_model
+from kdist.errors import ArgumentError, MissingDependencyError, ModelError
 from kdist.rules.hub import BACKBONES
+
+MODEL_HELP = (
+    "a zoo name (`kdist zoo` lists them: mlp, tiny-transformer, llama3-8b, tiny-llama3, ...), "
+    "module:function returning a Keras model (the current directory is importable), or a keras-hub "
+    "preset: hub:NAME or the path of a preset directory (its config only: no weights are loaded)"
+)
 
 # name -> (build function, description)
 ENTRIES = {
@@ -36,13 +45,11 @@ def register(name, build, description):
 
 
 def load_model(name, *, abstract=True):
-    """Build the model `name` names: a zoo entry or "module:function".
+    """Build the model `name` names: a zoo entry, "module:function", or a keras-hub preset.
 
     With `abstract=True` (the default) the model is built without allocating
     weights (see `kdist.abstract_model`).
     """
-    from kdist.abstract import abstract_model
-
     build = model_builder(name)
     return abstract_model(build) if abstract else build()
 
@@ -209,19 +216,39 @@ for _family, _build in tiny_entries().items():
 
 
 def model_builder(name):
+    """A zero-argument function building the model `name` names (see `MODEL_HELP`)."""
+    if not isinstance(name, str) or not name:
+        raise ArgumentError(f"A model name must be a non-empty string; received {name!r}.")
     if name in ENTRIES:
         return ENTRIES[name][0]
+    if name.startswith("hub:") or os.path.isfile(os.path.join(name, "config.json")):
+        return functools.partial(hub_preset, name.removeprefix("hub:"))
     if ":" in name:
-        module_name, _, function_name = name.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ValueError(f"Cannot import module {module_name!r} of model {name!r}: {e}.") from None
-        build = getattr(module, function_name, None)
-        if not callable(build):
-            raise ValueError(f"Module {module_name!r} has no function {function_name!r} (model {name!r}).")
-        return build
-    raise ValueError(
-        f"Unknown model {name!r}. Name a zoo entry ({', '.join(sorted(ENTRIES))}) or "
-        "'module:function' returning a Keras model."
+        return _function(name)
+    raise ArgumentError(
+        f"Unknown model {name!r}. Name a zoo entry ({', '.join(sorted(ENTRIES)[:8])}, ...: `kdist zoo` lists all), "
+        "'module:function' returning a Keras model, or a keras-hub preset ('hub:NAME' or a preset directory)."
     )
+
+
+def hub_preset(preset):
+    """The backbone of a keras-hub preset (a name or a directory), built from its config: no weights are loaded."""
+    hub = keras_hub()
+    try:
+        return hub.models.Backbone.from_preset(preset, load_weights=False)
+    except Exception as e:  # keras-hub raises many kinds: unknown preset, no network, a bad config
+        raise ModelError(f"Cannot build the keras-hub preset {preset!r}: {type(e).__name__}: {e}") from None
+
+
+def _function(name):
+    module_name, _, function_name = name.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` does: the project's own modules import
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ArgumentError(f"Cannot import module {module_name!r} of model {name!r}: {e}.") from None
+    build = getattr(module, function_name, None)
+    if not callable(build):
+        raise ArgumentError(f"Module {module_name!r} has no function {function_name!r} (model {name!r}).")
+    return build

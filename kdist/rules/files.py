@@ -34,12 +34,12 @@ note = "replicated"
 
 import json
 import pathlib
+import tomllib
 
 from kdist.errors import RuleError
+from kdist.rules.rule import RuleSet
 
 FORMATS = (".json", ".toml")
-_TOP_KEYS = {"name", "rules"}
-_RULE_KEYS = {"pattern", "layouts", "note", "family"}
 
 
 def load_rules(path):
@@ -56,7 +56,7 @@ def load_rules(path):
         RuleError: naming the file and the bad entry when the file cannot be
             read, parsed or turned into rules.
     """
-    path = pathlib.Path(path)
+    path = _path(path)
     fmt = _format(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -65,76 +65,38 @@ def load_rules(path):
     except UnicodeDecodeError as e:
         raise RuleError(f"Rules file {str(path)!r} is not UTF-8 text: {e}.") from None
     try:
-        if fmt == ".json":
-            data = json.loads(text)
-        else:
-            import tomllib
-
-            data = tomllib.loads(text)
+        data = json.loads(text) if fmt == ".json" else tomllib.loads(text)
     except (ValueError, TypeError) as e:  # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
         raise RuleError(f"Rules file {str(path)!r} is not valid {fmt[1:].upper()}: {e}.") from None
     data = _from_toml_nulls(data) if fmt == ".toml" else data
-    return rules_from_data(data, f"rules file {str(path)!r}", default_name=path.stem)
+    return RuleSet.from_dict(data, f"rules file {str(path)!r}", default_name=path.stem)
 
 
 def save_rules(rules, path):
-    """Write `rules` (a `RuleSet`) to a `.json` or `.toml` file that `load_rules` reads back."""
-    path = pathlib.Path(path)
+    """Write `rules` (a `RuleSet`) to a `.json` or `.toml` file that `load_rules` reads back.
+
+    Example:
+
+    ```python
+    kdist.save_rules(kdist.get_rules("llama"), "llama_rules.toml")
+    ```
+    """
+    if not isinstance(rules, RuleSet):
+        raise RuleError(f"save_rules writes a kdist.RuleSet; received {type(rules).__name__}.")
+    path = _path(path)
     fmt = _format(path)
     data = rules.to_dict()
     text = json.dumps(data, indent=2) + "\n" if fmt == ".json" else _to_toml(data)
-    path.write_text(text, encoding="utf-8")
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise RuleError(f"Cannot write rules file {str(path)!r}: {e.strerror or e}.") from None
 
 
-def rules_from_data(data, source="rule set", default_name="custom"):
-    """Build a `RuleSet` from plain data, with errors that name `source` and the bad entry."""
-    from kdist.rules.rule import Rule, RuleSet
-
-    if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
-        raise RuleError(
-            f"The {source} must be a mapping with a 'rules' list (and optionally a 'name'); "
-            f"received {_kind(data)}."
-        )
-    unknown = sorted(set(data) - _TOP_KEYS)
-    if unknown:
-        raise RuleError(f"The {source} has unknown top-level keys {unknown}; expected {sorted(_TOP_KEYS)}.")
-    name = data.get("name", default_name)
-    if not isinstance(name, str):
-        raise RuleError(f"The {source} has name {name!r}; a name must be a string.")
-    rules = []
-    for i, entry in enumerate(data["rules"]):
-        where = f"rules[{i}] of the {source}"
-        if not isinstance(entry, dict):
-            raise RuleError(f"{where} must be a mapping with 'pattern' and 'layouts'; received {_kind(entry)}.")
-        missing = sorted({"pattern", "layouts"} - set(entry))
-        unknown = sorted(set(entry) - _RULE_KEYS)
-        if missing or unknown:
-            problem = f"lacks {missing}" if missing else f"has unknown keys {unknown}"
-            raise RuleError(f"{where} {problem}; a rule has keys {sorted(_RULE_KEYS)} ('pattern' and 'layouts' required).")
-        for key in ("pattern", "note", "family"):
-            if key in entry and not isinstance(entry[key], str):
-                raise RuleError(f"{where}: {key!r} must be a string; received {entry[key]!r}.")
-        try:
-            rules.append(Rule(entry["pattern"], _layouts(entry["layouts"], where), entry.get("note", ""), entry.get("family", "")))
-        except RuleError as e:
-            raise RuleError(f"{where}: {e}") from None
-    return RuleSet(rules, name=name)
-
-
-def _layouts(value, where):
-    if not isinstance(value, list):
-        raise RuleError(f"{where}: 'layouts' must be a list (one layout or a list of layouts); received {value!r}.")
-    if all(a is None or isinstance(a, str) for a in value):
-        return [tuple(value)]
-    layouts = []
-    for layout in value:
-        if not isinstance(layout, list) or not all(a is None or isinstance(a, str) for a in layout):
-            raise RuleError(
-                f"{where}: each layout must be a list of axis names (a role, a mesh axis, '...' "
-                f"or null for a replicated dimension); received {layout!r}."
-            )
-        layouts.append(tuple(layout))
-    return layouts
+def _path(path):
+    if not isinstance(path, (str, pathlib.PurePath)) or not str(path):
+        raise RuleError(f"A rules file path must be a non-empty string or path; received {path!r}.")
+    return pathlib.Path(path)
 
 
 def _format(path):
@@ -142,10 +104,6 @@ def _format(path):
     if suffix not in FORMATS:
         raise RuleError(f"Rules file {str(path)!r} must end in .json or .toml; received {suffix or 'no suffix'!r}.")
     return suffix
-
-
-def _kind(value):
-    return f"{type(value).__name__} {value!r}"[:120]
 
 
 def _from_toml_nulls(data):

@@ -312,7 +312,7 @@ def with_lora(rule_set):
     Example:
 
     >>> rules = with_lora(FAMILIES["llama"])
-    >>> rules.place("transformer_layer_0/self_attention/query/lora_kernel_a", (64, 8, 4), {"model": ("model", 4)}).axes
+    >>> rules.place("transformer_layer_0/self_attention/query/lora_kernel_a", (64, 8, 4), "1x4").axes
     (None, 'model', None)
     """
     lora = []

@@ -1,4 +1,4 @@
-"""Layout rules: ordered (regex, axes) pairs written in terms of mesh roles.
+"""Layout rules as plain data: ordered (regex, axes) pairs written in terms of mesh roles.
 
 A rule's axes name roles ("model", "data", "fsdp", "expert"), mesh axis names
 or None, one entry per variable dimension. "..." stands for as many None as
@@ -8,17 +8,23 @@ whose sharded dimensions all divide by their mesh axes is used. When none
 does, the first candidate is used with its indivisible dimensions replicated,
 and the placement records why. Candidates naming a role the mesh lacks (say
 "expert" on a data x model mesh) are passed over while another candidate
-uses only the mesh's roles. Rules match whole paths (`re.fullmatch`) and
-the first matching rule wins.
+uses only the mesh's roles. Rules match whole paths (`re.fullmatch`) and the
+first matching rule wins. A rule whose pattern ends in "output" also lays out
+the activation of the layers it matches (Keras asks for "<layer path>/output").
 """
 
 import dataclasses
 import re
 
 from kdist.errors import RuleError
-from kdist.parallel_dims import ROLES as _ROLE_NAMES
+from kdist.meshes.layout import ELLIPSIS, expand_layout, fits_rank, indivisible
+from kdist.meshes.roles import ROLES
+from kdist.meshes.spec import as_dims
+from kdist.rules.layout_map import to_layout_map
+from kdist.rules.placement import Placement
 
-ELLIPSIS = "..."
+_TOP_KEYS = {"name", "rules"}
+_RULE_KEYS = {"pattern", "layouts", "note", "family"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,20 +52,16 @@ class Rule:
     family: str = ""
 
     def __post_init__(self):
-        layouts = self.layouts
-        if isinstance(layouts, tuple) and all(_is_axis(a) for a in layouts):
-            layouts = [layouts]
-        layouts = tuple(tuple(_axis(a) for a in layout) for layout in layouts)
-        if not layouts:
-            raise RuleError(f"Rule {self.pattern!r} has no layout; use () to replicate.")
-        for layout in layouts:
-            if layout.count(ELLIPSIS) > 1:
-                raise RuleError(f"Rule {self.pattern!r}: layout {layout} has more than one '...'.")
+        if not isinstance(self.pattern, str):
+            raise RuleError(f"A rule's pattern must be a regex string; received {type(self.pattern).__name__} {self.pattern!r}.")
+        for name in ("note", "family"):
+            if not isinstance(getattr(self, name), str):
+                raise RuleError(f"Rule {self.pattern!r}: {name} must be a string; received {getattr(self, name)!r}.")
         try:
             compiled = re.compile(self.pattern)
         except re.error as e:
             raise RuleError(f"Rule {self.pattern!r} is not a valid regex: {e}.") from None
-        object.__setattr__(self, "layouts", layouts)
+        object.__setattr__(self, "layouts", _candidates(self.pattern, self.layouts))
         object.__setattr__(self, "_regex", compiled)
 
     @property
@@ -67,8 +69,75 @@ class Rule:
         """True when the rule replicates on purpose (every layout shards nothing)."""
         return all(all(a in (None, ELLIPSIS) for a in layout) for layout in self.layouts)
 
+    @property
+    def families(self):
+        """The family names in `family`, as a tuple."""
+        return tuple(f for f in self.family.split(",") if f)
+
+    @property
+    def for_activations(self):
+        """Whether the rule is written for layer outputs (its pattern ends in "output")."""
+        return self.pattern.endswith("output")
+
     def matches(self, path):
         return self._regex.fullmatch(path) is not None
+
+    def bind(self, layout, dims):
+        """`layout`'s axes as mesh axis names of `dims`; roles the mesh lacks bind to None (replicated)."""
+        bound = []
+        for axis in layout:
+            if axis is None or axis == ELLIPSIS:
+                bound.append(axis)
+            elif dims.bind(axis) is not None:
+                bound.append(dims.bind(axis))
+            elif axis in ROLES:
+                bound.append(None)  # the mesh has no such role: nothing to shard over
+            else:
+                raise RuleError(
+                    f"Rule {self.pattern!r} uses axis {axis!r}, which is neither a role "
+                    f"({', '.join(ROLES)}) nor an axis of the mesh ({', '.join(dims.names)})."
+                )
+        return tuple(bound)
+
+    def place(self, path, shape, dims):
+        """The `Placement` this rule gives a variable of `shape` at `path` on mesh `dims` (candidates, fallbacks)."""
+        fitting = [layout for layout in self.layouts if fits_rank(layout, len(shape))]
+        if not fitting:
+            raise RuleError(
+                f"Rule {self.pattern!r} matches variable {path!r} of shape {shape}, but "
+                f"its layouts {list(self.layouts)} have more axes than the variable's "
+                f"rank {len(shape)}. Give the rule a layout of rank {len(shape)} or "
+                "narrow its pattern."
+            )
+        tried = []
+        usable = [layout for layout in fitting if not self._missing_roles(layout, dims)]
+        if usable and len(usable) < len(fitting):
+            for layout in fitting:
+                if layout not in usable:
+                    missing = ", ".join(repr(r) for r in self._missing_roles(layout, dims))
+                    tried.append(f"layout {layout}: the mesh has no {missing} axis")
+            fitting = usable
+        skipped = len(tried)  # candidates passed over for a role the mesh lacks
+        first = None  # (axes, indivisible dimensions) of the first candidate tried
+        sizes = dims.axis_sizes
+        for layout in fitting:
+            axes = self.bind(expand_layout(layout, len(shape)), dims)
+            bad = indivisible(shape, axes, sizes)
+            if not bad:
+                source = "rule" if layout is self.layouts[0] else "fallback"
+                return Placement(path, shape, axes, source, self, "; ".join(tried))
+            parts = [f"dim {i} ({shape[i]}) not divisible by {axes[i]}={sizes[axes[i]]}" for i in bad]
+            tried.append(f"layout {axes}: " + ", ".join(parts))
+            first = first or (axes, bad)
+        # No candidate divides: the first one, with its indivisible dimensions replicated.
+        axes, bad = first
+        axes = tuple(None if i in bad else a for i, a in enumerate(axes))
+        reason = "; ".join([*tried[:skipped], tried[skipped] + ": replicated those dimensions"])
+        return Placement(path, shape, axes, "fallback", self, reason, tuple(bad))
+
+    @staticmethod
+    def _missing_roles(layout, dims):
+        return [a for a in layout if a in ROLES and dims.bind(a) is None]
 
     def to_dict(self):
         data = {"pattern": self.pattern, "layouts": [list(layout) for layout in self.layouts]}
@@ -77,33 +146,6 @@ class Rule:
         if self.family:
             data["family"] = self.family
         return data
-
-    @property
-    def families(self):
-        """The family names in `family`, as a tuple."""
-        return tuple(f for f in self.family.split(",") if f)
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where one variable goes and why.
-
-    `source` is "rule" (the rule's first layout fit), "fallback" (a later
-    candidate, or indivisible dimensions replicated), "fsdp" (sharded on the
-    fsdp axis by shape), "explicit" (the variable carried its own layout) or
-    "default" (no rule matched: replicated).
-    """
-
-    path: str
-    shape: tuple
-    axes: tuple
-    source: str
-    rule: Rule = None
-    reason: str = ""
-
-    @property
-    def sharded(self):
-        return any(a is not None for a in self.axes)
 
 
 class RuleSet:
@@ -121,8 +163,12 @@ class RuleSet:
     """
 
     def __init__(self, rules=(), name="custom"):
+        if isinstance(rules, (str, bytes, dict)) or not hasattr(rules, "__iter__"):
+            raise RuleError(f"RuleSet takes a list of Rules or (pattern, layouts) pairs; received {type(rules).__name__} {rules!r}.")
+        if not isinstance(name, str):
+            raise RuleError(f"A rule set's name must be a string; received {name!r}.")
         self.name = name
-        self.rules = tuple(r if isinstance(r, Rule) else Rule(*r) for r in rules)
+        self.rules = tuple(_rule(r) for r in rules)
 
     def __iter__(self):
         return iter(self.rules)
@@ -140,162 +186,109 @@ class RuleSet:
         """The first rule whose pattern matches the whole `path`, or None."""
         return next((rule for rule in self.rules if rule.matches(path)), None)
 
-    def place(self, path, shape, axis_sizes):
-        """Choose axes for a variable of `shape` at `path` on a mesh with `axis_sizes`.
+    def place(self, path, shape, mesh):
+        """The `Placement` of a variable of `shape` at `path` on `mesh` (a `ParallelDims`, spec or DeviceMesh).
 
-        Args:
-            axis_sizes: role or mesh axis name -> (mesh axis name, size).
+        The rules alone: first match, candidates and fallbacks. What a preset
+        adds (fsdp sharding) is `kdist.rules.Placer`'s.
         """
         shape = tuple(shape)
         rule = self.match(path)
         if rule is None:
             return Placement(path, shape, (None,) * len(shape), "default", reason="no rule matched")
-        return place_with_rule(rule, path, shape, axis_sizes)
+        return rule.place(path, shape, as_dims(mesh))
 
-    def to_layout_map(self, device_mesh, variables=None, axis_sizes=None):
-        """Export as a plain `keras.distribution.LayoutMap`.
-
-        With `variables` (e.g. `model.variables`, built abstractly or not), the
-        map has one exact key per variable with its resolved layout, shape
-        fallbacks included: this always works. Without, it has one anchored
-        regex key per rule that excludes the paths of earlier rules, so that
-        first-match-wins order survives Keras's "several matches is an error"
-        lookup; each rule contributes its first layout only (Keras cannot fall
-        back by shape), and a rule whose layout uses "..." raises RuleError,
-        since a LayoutMap key cannot depend on the variable's rank.
-        """
-        from keras.distribution import LayoutMap
-
-        from kdist.rules.binding import bind_mesh
-
-        axis_sizes = axis_sizes or bind_mesh(device_mesh)
-        layout_map = LayoutMap(device_mesh)
-        if variables is not None:
-            for v in variables:
-                placement = self.place(v.path, v.shape, axis_sizes)
-                if placement.source != "default":
-                    layout_map[v.path] = placement.axes
-            return layout_map
-        earlier = []
-        for rule in self.rules:
-            exclude = "".join(f"(?!(?:{p})$)" for p in earlier)
-            layout = rule.layouts[0]
-            if ELLIPSIS in layout:
-                raise RuleError(
-                    f"Rule {rule.pattern!r} has layout {layout}, whose '...' depends on each variable's rank, "
-                    "which a LayoutMap key cannot express. Pass variables=model.variables to export one "
-                    "exact key per variable."
-                )
-            layout_map[f"^{exclude}(?:{rule.pattern})$"] = bind_layout(rule, layout, axis_sizes)
-            earlier.append(rule.pattern)
-        return layout_map
+    def to_layout_map(self, device_mesh, variables=None):
+        """Export as a plain `keras.distribution.LayoutMap` (see `kdist.rules.layout_map.to_layout_map`)."""
+        return to_layout_map(self, device_mesh, variables)
 
     def to_dict(self):
         return {"name": self.name, "rules": [r.to_dict() for r in self.rules]}
 
-    def save(self, path):
-        """Write the rule set to a `.json` or `.toml` file (see `kdist.rules.load_rules`)."""
-        from kdist.rules.files import save_rules
-
-        save_rules(self, path)
-
     @classmethod
-    def from_dict(cls, data, source="rule set"):
+    def from_dict(cls, data, source="rule set", default_name="custom"):
         """Build a rule set from plain data: `{"name": ..., "rules": [{"pattern", "layouts", "note"?, "family"?}]}`.
 
         `source` names the input in errors (e.g. a file path).
         """
-        from kdist.rules.files import rules_from_data
-
-        return rules_from_data(data, source)
-
-
-def place_with_rule(rule, path, shape, axis_sizes):
-    fitting = [layout for layout in rule.layouts if fits_rank(layout, len(shape))]
-    if not fitting:
-        raise RuleError(
-            f"Rule {rule.pattern!r} matches variable {path!r} of shape {shape}, but "
-            f"its layouts {list(rule.layouts)} have more axes than the variable's "
-            f"rank {len(shape)}. Give the rule a layout of rank {len(shape)} or "
-            "narrow its pattern."
-        )
-    tried = []
-    usable = [layout for layout in fitting if not _missing_roles(layout, axis_sizes)]
-    if usable and len(usable) < len(fitting):
-        for layout in fitting:
-            if layout not in usable:
-                missing = ", ".join(repr(r) for r in _missing_roles(layout, axis_sizes))
-                tried.append(f"layout {layout}: the mesh has no {missing} axis")
-        fitting = usable
-    skipped = len(tried)  # candidates passed over for a role the mesh lacks
-    first = None  # (axes, indivisible dimensions) of the first candidate tried
-    for layout in fitting:
-        axes = bind_layout(rule, expand_layout(layout, len(shape)), axis_sizes)
-        bad = _indivisible(shape, axes, axis_sizes)
-        if not bad:
-            source = "rule" if layout is rule.layouts[0] else "fallback"
-            reason = "; ".join(tried)
-            return Placement(path, shape, axes, source, rule, reason)
-        tried.append(_describe(axes, bad, shape, axis_sizes))
-        first = first or (axes, bad)
-    # No candidate divides: the first one, with its indivisible dimensions replicated.
-    axes, bad = first
-    axes = tuple(None if i in bad else a for i, a in enumerate(axes))
-    reason = "; ".join([*tried[:skipped], tried[skipped] + ": replicated those dimensions"])
-    return Placement(path, shape, axes, "fallback", rule, reason)
-
-
-def _missing_roles(layout, axis_sizes):
-    return [a for a in layout if a in _ROLE_NAMES and a not in axis_sizes]
-
-
-def bind_layout(rule, layout, axis_sizes):
-    bound = []
-    for axis in layout:
-        if axis is None or axis == ELLIPSIS:
-            bound.append(axis)
-        elif axis in axis_sizes:
-            bound.append(axis_sizes[axis][0])
-        elif axis in _ROLE_NAMES:
-            bound.append(None)  # the mesh has no such role: nothing to shard over
-        else:
+        if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
             raise RuleError(
-                f"Rule {rule.pattern!r} uses axis {axis!r}, which is neither a role "
-                f"({', '.join(_ROLE_NAMES)}) nor an axis of the mesh "
-                f"({', '.join(sorted({n for n, _ in axis_sizes.values()}))})."
+                f"The {source} must be a mapping with a 'rules' list (and optionally a 'name'); received {_kind(data)}."
             )
-    return tuple(bound)
+        unknown = sorted(set(data) - _TOP_KEYS)
+        if unknown:
+            raise RuleError(f"The {source} has unknown top-level keys {unknown}; expected {sorted(_TOP_KEYS)}.")
+        name = data.get("name", default_name)
+        if not isinstance(name, str):
+            raise RuleError(f"The {source} has name {name!r}; a name must be a string.")
+        rules = []
+        for i, entry in enumerate(data["rules"]):
+            where = f"rules[{i}] of the {source}"
+            if not isinstance(entry, dict):
+                raise RuleError(f"{where} must be a mapping with 'pattern' and 'layouts'; received {_kind(entry)}.")
+            missing = sorted({"pattern", "layouts"} - set(entry))
+            unknown = sorted(set(entry) - _RULE_KEYS)
+            if missing or unknown:
+                problem = f"lacks {missing}" if missing else f"has unknown keys {unknown}"
+                raise RuleError(f"{where} {problem}; a rule has keys {sorted(_RULE_KEYS)} ('pattern' and 'layouts' required).")
+            for key in ("pattern", "note", "family"):
+                if key in entry and not isinstance(entry[key], str):
+                    raise RuleError(f"{where}: {key!r} must be a string; received {entry[key]!r}.")
+            try:
+                rules.append(Rule(entry["pattern"], _data_layouts(entry["layouts"], where), entry.get("note", ""), entry.get("family", "")))
+            except RuleError as e:
+                raise RuleError(f"{where}: {e}") from None
+        return cls(rules, name=name)
 
 
-def _indivisible(shape, axes, axis_sizes):
-    sizes = {name: size for name, size in axis_sizes.values()}
-    return [i for i, a in enumerate(axes) if a is not None and shape[i] % sizes[a]]
+def _data_layouts(value, where):
+    """Layouts from plain data: one list of axes, or a list of such lists."""
+    if not isinstance(value, list):
+        raise RuleError(f"{where}: 'layouts' must be a list (one layout or a list of layouts); received {value!r}.")
+    if all(a is None or isinstance(a, str) for a in value):
+        return tuple(value)
+    for layout in value:
+        if not isinstance(layout, list) or not all(a is None or isinstance(a, str) for a in layout):
+            raise RuleError(
+                f"{where}: each layout must be a list of axis names (a role, a mesh axis, '...' "
+                f"or null for a replicated dimension); received {layout!r}."
+            )
+    return [tuple(layout) for layout in value]
 
 
-def _describe(axes, bad, shape, axis_sizes):
-    sizes = {name: size for name, size in axis_sizes.values()}
-    parts = [f"dim {i} ({shape[i]}) not divisible by {axes[i]}={sizes[axes[i]]}" for i in bad]
-    return f"layout {axes}: " + ", ".join(parts)
+def _rule(item):
+    if isinstance(item, Rule):
+        return item
+    if isinstance(item, (tuple, list)) and 2 <= len(item) <= 4:
+        return Rule(*item)
+    raise RuleError(f"A rule must be a kdist.Rule or a (pattern, layouts) pair; received {_kind(item)}.")
 
 
-def expand_layout(layout, rank):
-    if ELLIPSIS not in layout:
-        return layout + (None,) * (rank - len(layout))
-    i = layout.index(ELLIPSIS)
-    fill = rank - (len(layout) - 1)
-    return layout[:i] + (None,) * fill + layout[i + 1 :]
-
-
-def fits_rank(layout, rank):
-    return len(layout) - (ELLIPSIS in layout) <= rank
+def _candidates(pattern, layouts):
+    """`layouts` as a tuple of candidate layouts, each a tuple of axes (str or None). Refuses anything else."""
+    hint = (
+        f"Rule {pattern!r}: layouts must be one layout (a tuple of axes such as (None, 'model') or "
+        "('...', 'model'); () replicates) or a list of such tuples (candidates, first that divides wins); "
+    )
+    if isinstance(layouts, tuple) and all(_is_axis(a) for a in layouts):
+        layouts = [layouts]
+    if not isinstance(layouts, (list, tuple)):
+        raise RuleError(hint + f"received {_kind(layouts)}.")
+    out = []
+    for layout in layouts:
+        if not isinstance(layout, (tuple, list)) or not all(_is_axis(a) for a in layout):
+            raise RuleError(hint + f"received the layout {_kind(layout)}.")
+        if list(layout).count(ELLIPSIS) > 1:
+            raise RuleError(f"Rule {pattern!r}: layout {tuple(layout)} has more than one '...'.")
+        out.append(tuple(layout))
+    if not out:
+        raise RuleError(f"Rule {pattern!r} has no layout; use () to replicate.")
+    return tuple(out)
 
 
 def _is_axis(a):
-    return a is None or isinstance(a, str)
+    return a is None or (isinstance(a, str) and a != "")
 
 
-def _axis(a):
-    if not _is_axis(a):
-        raise RuleError(f"A layout axis must be a string or None; received {a!r}.")
-    return a
-
+def _kind(value):
+    return f"{type(value).__name__} {value!r}"[:120]

@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import keras  # noqa: E402
 from common import data, train  # noqa: E402
 
-from kdist.backup import save_checkpoint  # noqa: E402
+from kdist.runtime.backup import save_checkpoint  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--presets", default="")

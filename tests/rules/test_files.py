@@ -6,9 +6,10 @@ import pytest
 
 import kdist
 from kdist import RuleError, RuleSet
+from kdist.meshes import ParallelDims
 from kdist.rules import AUTO, KERAS_CORE, load_rules, save_rules
 
-AXES = {"data": ("data", 2), "model": ("model", 4)}
+AXES = ParallelDims.parse("2x4", 8)
 MINE = RuleSet(
     [
         (r".*/(query|key|value)/kernel", [(None, "model", None), (None, None, "model")], "column-parallel"),
@@ -23,7 +24,7 @@ MINE = RuleSet(
 @pytest.mark.parametrize("rules", [MINE, KERAS_CORE, AUTO], ids=lambda r: r.name)
 def test_round_trip(tmp_path, suffix, rules):
     path = tmp_path / f"rules{suffix}"
-    rules.save(path)
+    save_rules(rules, path)
     again = load_rules(path)
     assert again.to_dict() == rules.to_dict()
     assert [r.layouts for r in again] == [r.layouts for r in rules]

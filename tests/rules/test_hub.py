@@ -57,7 +57,7 @@ def _check(family, variables, spec):
         if family not in placement.rule.families:
             problems.append(f"{family}: {path} placed by a rule of {placement.rule.family}")
         for size, axis in zip(shape, placement.axes):
-            if axis is not None and size % dist.axis_sizes[axis][1]:
+            if axis is not None and size % dist.dims.axis_sizes[axis]:
                 problems.append(f"{family} on {spec}: {path} {shape} -> {placement.axes} does not divide")
         if NORM_OR_BIAS.fullmatch(path):
             if not placement.rule.replicates:
@@ -65,7 +65,7 @@ def _check(family, variables, spec):
         else:
             total += math.prod(shape)
             sharded += math.prod(shape) if "model" in placement.axes else 0
-    if dist.axis_sizes["model"][1] > 1 and sharded < 0.9 * total:
+    if dist.dims.size_of("model") > 1 and sharded < 0.9 * total:
         problems.append(f"{family} on {spec}: only {sharded / total:.1%} of the bytes outside norms and biases sharded")
     return problems
 

@@ -31,7 +31,7 @@ def test_unknown_name_lists_the_known_ones():
 
 def test_lora_option_shards_adapters_like_their_kernels():
     rules = get_rules("llama", lora=True)
-    axes = {"model": ("model", 4)}
+    axes = "1x4"
     assert rules.name == "llama+lora"
     # column-parallel kernel (in, out): A (in, rank) replicated, B (rank, out) on model
     assert rules.place("transformer_layer_0/feedforward_gate_dense/lora_kernel_b", (4, 128), axes).axes == (None, "model")

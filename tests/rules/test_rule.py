@@ -6,9 +6,10 @@ import pytest
 import kdist
 import kdist.models
 from kdist import Rule, RuleError, RuleSet
-from kdist.rules import KERAS_CORE, bind_mesh
+from kdist.meshes import ParallelDims
+from kdist.rules import KERAS_CORE
 
-AXES = {"data": ("data", 2), "model": ("model", 4)}
+AXES = ParallelDims.parse("2x4", 8)
 
 
 def test_first_matching_rule_wins():
@@ -65,10 +66,10 @@ def test_invalid_regex_is_an_error():
         Rule(r"(unclosed", ())
 
 
-def test_bind_mesh_infers_roles_from_keras_names():
+def test_mesh_roles_are_inferred_from_keras_names():
     mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], list(range(8)))
-    binding = bind_mesh(mesh)
-    assert binding["data"] == ("batch", 2) and binding["model"] == ("model", 4)
+    dims = ParallelDims.from_device_mesh(mesh)
+    assert (dims.bind("data"), dims.size_of("data")) == ("batch", 2) and (dims.bind("model"), dims.size_of("model")) == ("model", 4)
 
 
 def test_layout_map_export_keeps_first_match_order():
@@ -106,7 +107,7 @@ def test_candidates_naming_a_missing_role_are_passed_over():
     placement = RuleSet([rule]).place("experts", (8, 16, 32), AXES)
     assert placement.axes == ("model", None, None) and placement.source == "fallback"
     assert "the mesh has no 'expert' axis" in placement.reason
-    with_expert = {**AXES, "expert": ("expert", 2)}
+    with_expert = ParallelDims.from_sizes({"data": 2, "model": 4, "expert": 2})
     assert RuleSet([rule]).place("experts", (8, 16, 32), with_expert).axes == ("expert", None, "model")
     # When every candidate names a missing role, they bind as before (missing roles replicate).
     assert RuleSet([(r"w", ("expert", "model"))]).place("w", (8, 8), AXES).axes == (None, "model")

@@ -1,0 +1,7 @@
+"""`python -m kdist`: the `kdist` command."""
+
+import sys
+
+from kdist.cli.main import main
+
+sys.exit(main())

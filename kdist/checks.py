@@ -1,0 +1,65 @@
+"""Argument checks shared by every public entry point: one place, one error style.
+
+Each check returns the value normalised (a Python int, a float) or raises a
+kdist error that names the argument, the value received and what is accepted.
+"""
+
+import numbers
+
+from kdist.errors import ArgumentError
+
+# No machine has more accelerators than this; larger counts are typos and are
+# refused before any work (planning 1e10 devices would enumerate for hours).
+MAX_DEVICES = 1 << 20
+# XLA's CPU client starts one thread pool per device: tens of thousands crash it.
+MAX_FAKE_DEVICES = 4096
+
+
+def is_int(value):
+    """True for Python and numpy integers, False for bools."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def positive_int(value, name, *, maximum=None, error=ArgumentError):
+    """`value` as an int >= 1 (and <= `maximum`), else `error` naming `name`."""
+    if not is_int(value) or value < 1:
+        raise error(f"{name} must be a positive integer; received {value!r}.")
+    if maximum is not None and value > maximum:
+        raise error(f"{name}={value} is more than the {maximum} kdist accepts; check for a typo.")
+    return int(value)
+
+
+def non_negative_int(value, name, *, error=ArgumentError):
+    """`value` as an int >= 0, else `error` naming `name`."""
+    if not is_int(value) or value < 0:
+        raise error(f"{name} must be an integer >= 0; received {name}={value!r}.")
+    return int(value)
+
+
+def positive_number(value, name, *, unit="", allow_none=False, error=ArgumentError):
+    """`value` as a float > 0 (finite), or None when `allow_none`."""
+    if value is None and allow_none:
+        return None
+    if not _is_real(value) or not 0 < value < float("inf"):
+        accepted = f"a positive number{f' of {unit}' if unit else ''}" + (" or None" if allow_none else "")
+        raise error(f"{name} must be {accepted}; received {name}={value!r}.")
+    return float(value)
+
+
+def non_negative_number(value, name, *, unit="", error=ArgumentError):
+    """`value` as a float >= 0 (finite)."""
+    if not _is_real(value) or not 0 <= value < float("inf"):
+        raise error(f"{name} must be a number >= 0{f' of {unit}' if unit else ''}; received {name}={value!r}.")
+    return float(value)
+
+
+def one_of(value, name, choices, *, error=ArgumentError):
+    """`value` if it is one of `choices`, else `error` listing them."""
+    if value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise error(f"{name} must be one of {listed}; received {name}={value!r}.")
+    return value
+
+
+def _is_real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

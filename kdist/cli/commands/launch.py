@@ -1,0 +1,57 @@
+"""`kdist launch`: run a script as N processes of one JAX run on this machine."""
+
+import argparse
+import sys
+
+from kdist.cli.commands._shared import non_negative, positive, seconds
+from kdist.runtime.launcher import launch
+
+
+def register(commands, common):
+    parser = commands.add_parser(
+        "launch",
+        help="run a script as N cooperating processes on this machine, each with its own fake CPU devices",
+        description=(
+            "Start N processes of one multi-process JAX run on this machine. Each process gets "
+            "KERAS_DISTRIBUTION_* variables (read by kdist.initialize()), a coordinator on loopback, "
+            "gloo CPU collectives and its own fake CPU devices. Output lines are prefixed with the rank. "
+            "If a process fails the others are stopped and the exit code is non-zero."
+        ),
+        usage=(
+            "kdist launch [-n N] [--devices-per-process D] [--coordinator HOST:PORT] script.py [args ...]\n"
+            "       kdist launch [options] -m module [args ...]\n"
+            "       kdist launch [options] -- command [args ...]"
+        ),
+    )
+    parser.add_argument("-n", "--num-processes", type=positive, default=2, help="number of processes (default 2)")
+    parser.add_argument(
+        "--devices-per-process", type=non_negative, default=4, metavar="D",
+        help="fake CPU devices per process (default 4; 0 keeps the real devices)",
+    )
+    parser.add_argument("--coordinator", metavar="HOST:PORT", help="coordinator address (default 127.0.0.1 and a free port)")
+    parser.add_argument("--timeout", type=seconds, help="stop every process after this many seconds")
+    parser.add_argument(
+        "--grace-period", type=seconds, default=5.0, help="seconds between SIGTERM and SIGKILL when stopping processes (default 5)"
+    )
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a Python module, as `python -m MODULE`")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args], -m module [args], or any command")
+    parser.set_defaults(run=run, fake_devices=None)  # the launcher itself needs no devices
+
+
+def run(args):
+    command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
+    if args.module:
+        command = ["-m", args.module, *command]
+    if not command:
+        print("kdist: error: give a script to run, e.g. `kdist launch -n 2 train.py`", file=sys.stderr)
+        return 2
+    result = launch(
+        command,
+        num_processes=args.num_processes,
+        devices_per_process=args.devices_per_process or None,
+        coordinator_address=args.coordinator,
+        timeout=args.timeout,
+        grace_period=args.grace_period,
+    )
+    print(f"kdist launch: {result.message}", file=sys.stderr)
+    return result.returncode

@@ -1,0 +1,80 @@
+"""Every use of jax's private or unstable API in kdist, in one place.
+
+Checked against jax/jaxlib 0.10.2 (constraints.txt). `saved_residuals`,
+`backends_are_initialized`, the distributed client and XLA's memory
+analysis are not stable API: when jax changes, this is the module to mend.
+"""
+
+import contextlib
+
+import jax
+from jax._src import distributed, monitoring, xla_bridge
+from jax._src.ad_checkpoint import saved_residuals  # noqa: F401  (re-exported for the activation trace)
+
+MEMORY_FIELDS = ("argument", "output", "alias", "temp")  # the *_size_in_bytes of XLA's memory analysis
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def backends_initialized():
+    """Whether JAX has started its devices (after which the device count cannot change)."""
+    return xla_bridge.backends_are_initialized()
+
+
+def in_distributed_run():
+    """Whether `jax.distributed.initialize` has joined this process to a multi-process run."""
+    return distributed.global_state.client is not None
+
+
+def compile_train_step(model, state, batch):
+    """`model.train_step` compiled ahead of time as Keras's `make_train_function` jits it.
+
+    The state (trainable, non-trainable, optimizer and metric values) is
+    donated and keeps its shardings. `state` and `batch` are arrays or
+    `jax.ShapeDtypeStruct`s carrying shardings (then nothing is allocated).
+    """
+    shardings = jax.tree.map(lambda a: a.sharding, state)
+    step = jax.jit(model.train_step, donate_argnums=0, out_shardings=(None, shardings))
+    return step.lower(state, batch).compile()
+
+
+def xla_memory(compiled):
+    """XLA's memory analysis of a compiled step, in bytes per device; {} where jax reports none.
+
+    The MEMORY_FIELDS, "total" = argument + output - alias + temp (every buffer
+    of the step counted once), and "peak" where jax reports one (the CPU
+    backend's leaves temporaries out).
+    """
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        return {}
+    memory = {k: int(getattr(analysis, f"{k}_size_in_bytes")) for k in MEMORY_FIELDS}
+    memory["total"] = memory["argument"] + memory["output"] - memory["alias"] + memory["temp"]
+    peak = getattr(analysis, "peak_memory_in_bytes", None)
+    if peak is not None:
+        memory["peak"] = int(peak)
+    return memory
+
+
+def memory_limit(device):
+    """The bytes JAX lets `device` use (`memory_stats()["bytes_limit"]`), or None where the backend reports none."""
+    try:
+        stats = device.memory_stats() or {}
+    except (RuntimeError, NotImplementedError):  # CPU: jax raises JaxRuntimeError (a RuntimeError): UNIMPLEMENTED
+        stats = {}
+    return stats.get("bytes_limit")
+
+
+@contextlib.contextmanager
+def count_compiles():
+    """Count XLA backend compilations inside the block: `with count_compiles() as count: ...; count[0]`."""
+    count = [0]
+
+    def listener(event, duration, **kwargs):
+        if event == _COMPILE_EVENT:
+            count[0] += 1
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield count
+    finally:
+        monitoring.unregister_event_duration_listener(listener)

@@ -1,0 +1,191 @@
+"""Every use of Keras's private API in kdist, in one place.
+
+Checked against keras 3.15.1 (the version in constraints.txt). Each function
+says what it reaches into; when Keras changes, this is the module to mend.
+Everything else in kdist uses Keras's public API only.
+"""
+
+import contextlib
+import re
+
+import jax
+import keras
+from keras.src.backend.common import global_state
+from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re-exported for the activation trace)
+from keras.src.models.functional import operation_fn  # noqa: F401  (re-exported for the activation trace)
+from keras.src.utils import io_utils
+
+# --- Variables without values ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def deferred():
+    """Create variables without values, and keep them abstract.
+
+    Like `keras.StatelessScope(initialize_variables=False)`, but the variables
+    created inside are taken off Keras's initialise-later list (the global
+    attribute "uninitialized_variables"), so a later top-level
+    `StatelessScope` (Keras opens them while training) does not allocate
+    them behind your back.
+    """
+    pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+    before = len(pending)
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+        del pending[before:]
+
+
+def array_of(variable):
+    """The jax array behind a variable, or None. Reads `_value`, never `.value`: on an abstract
+    variable Keras would run the initializer and allocate it."""
+    value = getattr(variable, "_value", variable)
+    return value if isinstance(value, jax.Array) and not value.is_deleted() else None
+
+
+def is_live(variable):
+    """Whether a variable holds an array (False for variables made under `deferred()`)."""
+    return array_of(variable) is not None
+
+
+def own_layout(variable):
+    """The layout a variable carries itself (`_layout`, set by Keras or by `kdist.reshard`), or None."""
+    return getattr(variable, "_layout", None)
+
+
+def set_array(variable, layout, value):
+    """Give `variable` a new array and layout without a copy (`_layout`, `_direct_assign`)."""
+    variable._layout = layout
+    variable._direct_assign(value)
+
+
+def set_path(variable, path):
+    """Give a variable made outside its layer the path of one made inside (`_path`)."""
+    variable._path = path
+
+
+# --- Models -------------------------------------------------------------------------------------
+
+
+def functional(model):
+    """The functional graph of a model: a `keras.Model` built functionally, or a Sequential's inner one (`_functional`)."""
+    return getattr(model, "_functional", None) or model
+
+
+def input_struct(model):
+    """The model's symbolic inputs, as the structure the model was built with (`_inputs_struct`), or None."""
+    return getattr(functional(model), "_inputs_struct", None)
+
+
+def output_struct(model):
+    """The model's symbolic outputs (`_outputs_struct`), or None for a model without a layer graph."""
+    return getattr(functional(model), "_outputs_struct", None)
+
+
+def nodes_by_depth(model):
+    """The functional graph's nodes by depth (`_nodes_by_depth`), or None."""
+    return getattr(functional(model), "_nodes_by_depth", None) or None
+
+
+def layers(model):
+    """Every sublayer of `model`, recursively (`_flatten_layers`)."""
+    flatten = getattr(model, "_flatten_layers", None)
+    return list(flatten(include_self=False)) if flatten is not None else []
+
+
+def output_layer(tensor):
+    """The layer that made a symbolic tensor (`_keras_history`)."""
+    return tensor._keras_history.operation
+
+
+def symbolic_build(model, batch):
+    """What `fit` does first: build the model, its optimizer and metrics from a batch (`_symbolic_build`)."""
+    model._symbolic_build(data_batch=batch)
+
+
+def forget_compiled_functions(model):
+    """Drop a model's jitted train/test/predict steps, so the next call retraces with new shardings."""
+    for name in ("train_function", "test_function", "predict_function"):
+        if hasattr(model, name):
+            setattr(model, name, None)
+    if hasattr(model, "_eval_epoch_iterator"):
+        model._eval_epoch_iterator = None
+
+
+def layout_map_of(distribution):
+    """The LayoutMap of a `keras.distribution.ModelParallel` (`_layout_map`)."""
+    return distribution._layout_map
+
+
+def print_msg(message):
+    """Print as Keras's callbacks do (to stdout, or to absl logging when Keras is set to)."""
+    io_utils.print_msg(message)
+
+
+# --- Optimizers ---------------------------------------------------------------------------------
+
+_SUFFIX = re.compile(r"_\d+$")
+
+
+def new_optimizer(optimizer):
+    """A fresh, unbuilt Keras optimizer like `optimizer` (a name, config dict or instance, never built itself)."""
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return optimizer.__class__.from_config(optimizer.get_config())
+    made = keras.optimizers.get(optimizer)
+    # Keras names a second "adam" "adam_1"; plan under the name a fresh session would use.
+    return made.__class__.from_config({**made.get_config(), "name": _SUFFIX.sub("", made.name)})
+
+
+def plan_optimizer(optimizer, trainable):
+    """Build `optimizer` with its variables deferred (nothing allocated) and record each slot's reference.
+
+    Only `add_variable` runs deferred: a placeholder an optimizer builds from
+    a value (Adafactor's scalars for rank-1 variables) is created as usual.
+    Returns `(variables, {id(slot): reference variable})`.
+    """
+    slots = {}
+    add_variable = optimizer.add_variable
+    add_from_reference = optimizer.add_variable_from_reference
+
+    def deferred_variable(*args, **kwargs):
+        with keras.StatelessScope(initialize_variables=False):
+            return add_variable(*args, **kwargs)
+
+    def recording(reference_variable, *args, **kwargs):
+        slot = add_from_reference(reference_variable, *args, **kwargs)
+        slots[id(slot)] = reference_variable
+        return slot
+
+    optimizer.add_variable = deferred_variable
+    optimizer.add_variable_from_reference = recording
+    pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+    before = len(pending)
+    try:
+        optimizer.build(trainable)
+    finally:
+        del optimizer.add_variable, optimizer.add_variable_from_reference
+        del pending[before:]  # so that no later scope exit allocates the planned state
+    return list(optimizer.variables), slots
+
+
+def slot_references(optimizer_variables, weights):
+    """{id(slot): reference weight} for a built optimizer's slots, by Keras's slot naming.
+
+    `add_variable_from_reference` names a slot "<reference path with / as _>_<slot name>";
+    the longest such prefix among weights of the same shape is the reference.
+    """
+    by_key = {}
+    for w in weights:
+        by_key.setdefault(w.path.replace("/", "_"), []).append(w)
+    out = {}
+    for v in optimizer_variables:
+        name = v.name
+        cut = len(name)
+        while (cut := name.rfind("_", 0, cut)) > 0:
+            reference = next((w for w in by_key.get(name[:cut], ()) if tuple(w.shape) == tuple(v.shape)), None)
+            if reference is not None:
+                out[id(v)] = reference
+                break
+    return out

@@ -1,0 +1,68 @@
+"""What the linter reads: a model's variables (path, shape, bytes), its layer output paths, and a mesh."""
+
+import dataclasses
+import math
+
+import jax
+
+from kdist.errors import ArgumentTypeError, ModelError
+from kdist.keras_internals import layers
+from kdist.meshes.spec import ParallelDims, as_dims
+from kdist.units import itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class LintVariable:
+    path: str
+    shape: tuple
+    nbytes: int
+
+
+def lint_variables(obj):
+    """`LintVariable`s of a model or layer, a list of variables, or `(path, shape[, dtype])` tuples."""
+    items = obj.variables if hasattr(obj, "variables") and not isinstance(obj, (list, tuple, dict)) else obj
+    items = items.items() if isinstance(items, dict) else items
+    if not hasattr(items, "__iter__"):
+        raise ArgumentTypeError(f"lint() needs a Keras model, its variables or (path, shape) tuples; received {type(obj).__name__}.")
+    out = []
+    for item in items:
+        if isinstance(item, tuple):
+            if len(item) not in (2, 3):
+                raise ArgumentTypeError(f"A variable tuple is (path, shape) or (path, shape, dtype); received {item!r}.")
+            path, shape, dtype = (*item, "float32") if len(item) == 2 else item
+        elif hasattr(item, "path") and hasattr(item, "shape"):
+            path, shape, dtype = item.path, item.shape, item.dtype
+        else:
+            raise ArgumentTypeError(f"lint() received {type(item).__name__} {item!r} where a variable or (path, shape) was expected.")
+        shape = tuple(int(d) for d in shape)
+        out.append(LintVariable(path, shape, math.prod(shape) * itemsize(dtype)))
+    if not out:
+        name = f" {obj.name!r}" if hasattr(obj, "name") else ""
+        raise ModelError(
+            f"lint() found no variables in {type(obj).__name__}{name}: build the model "
+            "(give it an Input or call build()) before linting it, or pass its variables."
+        )
+    return out
+
+
+def output_paths(obj):
+    """"<layer path>/output" for each layer: the paths Keras asks activation layouts for."""
+    return [f"{layer.path}/output" for layer in layers(obj) if getattr(layer, "path", None)]
+
+
+def lint_mesh(mesh, default=None, roles=None):
+    """The `ParallelDims` to lint on: a spec (fixed sizes need no devices; -1 uses jax's count) or a Keras mesh."""
+    if mesh is None:
+        mesh = default
+    if mesh is None:
+        raise ModelError(
+            "lint() needs a mesh for a RuleSet: pass mesh='2x4' (a kdist spec) or a keras.distribution.DeviceMesh."
+        )
+    if roles is not None and not isinstance(mesh, (str, ParallelDims)):
+        return ParallelDims.from_device_mesh(mesh, roles)
+    try:
+        return as_dims(mesh)
+    except Exception:
+        if isinstance(mesh, str):
+            return as_dims(mesh, jax.device_count())  # "dp", "data=-1,model=2": the devices there are
+        raise

@@ -1,0 +1,22 @@
+"""Estimating one candidate mesh: memory per device, communication per step, validity."""
+
+from kdist.meshes.enumerate import spec_of
+from kdist.meshes.spec import ParallelDims
+from kdist.planning.comm import communication, validity
+from kdist.planning.memory_model import memory_terms, placed_variables
+from kdist.planning.plan import Candidate
+from kdist.units import itemsize
+
+
+def evaluate(facts, axes, batch_size, bandwidth, latency):
+    """The `Candidate` of mesh `axes` (role -> size) for `batch_size` examples per step."""
+    candidate = Candidate(spec_of(axes), dict(axes))
+    rows = placed_variables(facts, ParallelDims.from_sizes(axes))
+    for term, value in memory_terms(facts, rows, axes, batch_size).items():
+        setattr(candidate, term, value)
+    split = axes.get("data", 1) * axes.get("fsdp", 1)
+    trainable = [r for r in rows if r.kind == "trainable"]
+    scale = itemsize(facts.dtype) if facts.dtype is not None else None
+    candidate.comm = communication(facts, trainable, axes, -(-batch_size // split), bandwidth, latency, scale)
+    candidate.valid, candidate.reason = validity([r for r in rows if r.kind != "optimizer"], axes, batch_size, split)
+    return candidate

@@ -1,0 +1,154 @@
+"""What `kdist.plan` returns: every candidate mesh with its estimates, ranked, and a recommendation."""
+
+import dataclasses
+
+from kdist.errors import PlanError
+from kdist.presets import build_preset
+from kdist.render.plan import plan_renderables
+from kdist.reporting import Report
+
+MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "transient", "other")
+
+
+@dataclasses.dataclass
+class Candidate:
+    """One mesh of the plan, with its per-device estimates.
+
+    Bytes are per device (the fullest device). `comm` maps each mesh axis to
+    `{"size", "collectives": [{"kind", "of", "bytes", "count", "seconds"}, ...],
+    "bytes": payload bytes per step, "seconds": alpha-beta time}`.
+    `compiled` holds XLA's memory analysis when the plan was verified.
+    """
+
+    spec: str
+    axes: dict
+    valid: bool = True
+    reason: str = ""
+    weights: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    activations: int = 0
+    transient: int = 0
+    other: int = 0
+    comm: dict = dataclasses.field(default_factory=dict)
+    fits: bool = None
+    rank: int = None
+    compiled: dict = None
+
+    @property
+    def peak(self):
+        """Estimated peak bytes on one device: the sum of every term."""
+        return sum(getattr(self, term) for term in MEMORY_TERMS)
+
+    @property
+    def comm_seconds(self):
+        return sum(c["seconds"] for c in self.comm.values())
+
+    @property
+    def comm_bytes(self):
+        return sum(c["bytes"] for c in self.comm.values())
+
+    @property
+    def shape(self):
+        """"data x fsdp x model [x expert]" sizes, e.g. "2x1x4"."""
+        roles = ("data", "fsdp", "model", "expert") if "expert" in self.axes else ("data", "fsdp", "model")
+        return "x".join(str(self.axes.get(r, 1)) for r in roles)
+
+    @property
+    def ratio(self):
+        """Estimated / compiled peak, when verified."""
+        if not self.compiled or not self.compiled.get("peak"):
+            return None
+        return self.peak / self.compiled["peak"]
+
+    def to_dict(self):
+        return {
+            "spec": self.spec,
+            "axes": dict(self.axes),
+            "valid": self.valid,
+            "reason": self.reason,
+            "rank": self.rank,
+            "fits": self.fits,
+            "bytes": {**{term: getattr(self, term) for term in MEMORY_TERMS}, "peak": self.peak},
+            "comm": self.comm,
+            "comm_seconds": self.comm_seconds,
+            "compiled": self.compiled,
+            "estimate_over_compiled": self.ratio,
+        }
+
+
+@dataclasses.dataclass
+class Plan(Report):
+    """What `kdist.plan` returns: the candidates, ranked, and a recommendation.
+
+    Print it (the ranking, the recommendation and why), or use `to_dict()` /
+    `to_json()` / `to_csv()`. `recommendation` is None when no candidate is
+    valid or none fits `memory_per_device`; `advice` then says what would
+    make one fit, and `suggestions` holds the numbers ("batch_size",
+    "devices") it found.
+    """
+
+    model: str
+    devices: int
+    batch_size: int
+    sequence_length: int
+    optimizer: str
+    memory_per_device: int
+    bandwidth: float
+    latency: float
+    candidates: list
+    recommendation: Candidate = None
+    reason: str = ""
+    advice: str = ""
+    suggestions: dict = dataclasses.field(default_factory=dict)
+    notes: list = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+    rules: object = None
+
+    def candidate(self, spec):
+        """The candidate whose spec (e.g. "data=2,model=4") or shape (e.g. "2x1x4") is `spec`."""
+        for c in self.candidates:
+            if spec in (c.spec, c.shape):
+                return c
+        raise KeyError(f"No candidate {spec!r}; candidates are {[c.spec for c in self.candidates]}.")
+
+    def preset(self, **kwargs):
+        """`kdist.preset` of the recommendation, with the rules the plan used."""
+        if self.recommendation is None:
+            raise PlanError(f"The plan has no recommendation. {self.advice}")
+        kwargs.setdefault("rules", self.rules)
+        return build_preset(self.recommendation.spec, **kwargs)
+
+    def to_dict(self):
+        return {
+            "model": self.model,
+            "devices": self.devices,
+            "batch_size": self.batch_size,
+            "sequence_length": self.sequence_length,
+            "optimizer": self.optimizer,
+            "memory_per_device": self.memory_per_device,
+            "bandwidth": self.bandwidth,
+            "latency": self.latency,
+            "recommendation": self.recommendation.spec if self.recommendation else None,
+            "reason": self.reason,
+            "advice": self.advice,
+            "suggestions": dict(self.suggestions),
+            "notes": list(self.notes),
+            "seconds": self.seconds,
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+    def csv_rows(self):
+        return [
+            {"rank": c.rank, "spec": c.spec, "valid": c.valid, "fits": c.fits, **{t: getattr(c, t) for t in MEMORY_TERMS},
+             "peak": c.peak, "comm_seconds": c.comm_seconds, "comm_bytes": c.comm_bytes,
+             "compiled_peak": (c.compiled or {}).get("peak"), "reason": c.reason}
+            for c in self.candidates
+        ]
+
+    def renderables(self, width=80):
+        return plan_renderables(self, width)
+
+    def __repr__(self):
+        best = self.recommendation.spec if self.recommendation else None
+        return f"<Plan model={self.model!r} devices={self.devices} candidates={len(self.candidates)} recommendation={best!r}>"

@@ -1,0 +1,130 @@
+"""Ranking the candidates, the recommendation and its reason, and advice when nothing fits."""
+
+from kdist.checks import MAX_DEVICES
+from kdist.meshes.enumerate import meshes
+from kdist.planning.candidates import evaluate
+from kdist.units import human_bytes, human_seconds
+
+
+def rank(result, facts):
+    """Order `result.candidates` (valid and fitting first, then least communication, then least memory) and recommend."""
+    memory = result.memory_per_device
+    for c in result.candidates:
+        c.fits = None if memory is None else c.peak <= memory
+    ordered = sorted(
+        result.candidates, key=lambda c: (not c.valid, c.fits is False, round(c.comm_seconds, 12), c.peak, c.spec)
+    )
+    for i, c in enumerate(ordered, 1):
+        c.rank = i
+    result.candidates = ordered
+    valid = [c for c in ordered if c.valid]
+    if not valid:
+        result.advice = _no_valid_mesh(result)
+        return
+    fitting = [c for c in valid if c.fits is not False]
+    if not fitting:
+        result.advice = _nothing_fits(result, facts, valid)
+        return
+    result.recommendation = fitting[0]
+    result.reason = _reason(fitting[0], fitting, memory)
+
+
+def _reason(best, fitting, memory):
+    parts = []
+    if memory is not None:
+        parts.append(f"fits {human_bytes(memory)} per device (peak {human_bytes(best.peak)}, {human_bytes(memory - best.peak)} free)")
+    else:
+        parts.append(f"peak {human_bytes(best.peak)} per device (no memory_per_device given: every valid mesh counted as fitting)")
+    if len(fitting) > 1:
+        runner = fitting[1]
+        parts.append(
+            f"least estimated communication per step of {len(fitting)} candidates: {human_seconds(best.comm_seconds)} "
+            f"(next: {runner.spec} at {human_seconds(runner.comm_seconds)})"
+        )
+    else:
+        parts.append("the only candidate that fits")
+    if best.comm:
+        axis, comm = max(best.comm.items(), key=lambda kv: kv[1]["seconds"])
+        parts.append(f"most of it on the {axis} axis ({human_bytes(comm['bytes'])} per step)")
+    return "; ".join(parts)
+
+
+def _no_valid_mesh(result):
+    reasons = sorted({c.reason for c in result.candidates if c.reason})
+    n, b = result.devices, result.batch_size
+    suggestion = f"use a batch size divisible by {n}" if b % n else "use a device count the model's dimensions divide by"
+    return (
+        f"No mesh of {n} devices is valid for {result.model!r} with batch size {b}: "
+        + "; ".join(reasons)
+        + f". To plan: {suggestion} (e.g. batch_size={n * max(1, -(-b // n))}), or a device count that divides the batch."
+    )
+
+
+def _nothing_fits(result, facts, valid):
+    smallest = min(valid, key=lambda c: c.peak)
+    memory = result.memory_per_device
+    state = smallest.peak - smallest.activations
+    text = (
+        f"No candidate fits {human_bytes(memory)} per device. The smallest per-device requirement is {human_bytes(smallest.peak)} "
+        f"({smallest.spec}: weights {human_bytes(smallest.weights)}, gradients {human_bytes(smallest.gradients)}, optimizer "
+        f"{human_bytes(smallest.optimizer)}, activations {human_bytes(smallest.activations)}, transient buffers "
+        f"{human_bytes(smallest.transient)})."
+    )
+    options = []
+    batch = _largest_fitting_batch(result, facts, valid)
+    if batch:
+        result.suggestions["batch_size"] = batch
+        options.append(f"a batch size of at most {batch} on {result.devices} devices")
+    devices = _devices_that_fit(result, facts)
+    if devices:
+        result.suggestions["devices"] = devices
+        options.append(f"{devices} devices (the first multiple of {result.devices} by doubling where a mesh fits)")
+    if not options:
+        if state > memory:
+            smaller = " or a smaller dtype (dtype='bfloat16')" if facts.act_itemsize > 2 else ""
+            return text + (
+                f" Without activations it still needs {human_bytes(state)} (weights, gradients, optimizer state and transient "
+                f"buffers), and more devices (doubling from {result.devices}) do not bring it under the budget: "
+                f"shard more of the model (rules), rematerialise, or use a different optimizer{smaller}."
+            )
+        return text + " Use more devices or a smaller batch."
+    return text + " To fit: " + ", or ".join(options) + "."
+
+
+def _largest_fitting_batch(result, facts, valid):
+    """The largest batch size below the requested one with which some mesh fits, or None."""
+    memory, best = result.memory_per_device, None
+    for c in valid:
+        split = c.axes.get("data", 1) * c.axes.get("fsdp", 1)
+        per_example = (c.activations + c.other) / max(1, result.batch_size // split)
+        state = c.peak - c.activations - c.other
+        if state >= memory or not per_example:
+            continue
+        batch = min(int((memory - state) // per_example) * split, result.batch_size - split)
+        for _ in range(4):  # activations are not exactly linear in the batch: check, then step down
+            if batch <= 0 or (best is not None and batch <= best):
+                break
+            if evaluate(facts, c.axes, batch, result.bandwidth, result.latency).peak <= memory:
+                best = batch
+                break
+            batch -= split
+    return best
+
+
+def _devices_that_fit(result, facts, factor_limit=64):
+    """The smallest device count, doubling from `devices`, at which some mesh fits; None when doubling stops helping."""
+    n, previous = result.devices * 2, None
+    while n <= min(result.devices * factor_limit, MAX_DEVICES):
+        smallest = None
+        for axes in meshes(n, ("fsdp", "model")):  # replicas never lower per-device memory
+            c = evaluate(facts, axes, result.batch_size, result.bandwidth, result.latency)
+            if not c.valid:
+                continue
+            if c.peak <= result.memory_per_device:
+                return n
+            smallest = c.peak if smallest is None else min(smallest, c.peak)
+        if smallest is not None and previous is not None and smallest > 0.9 * previous:
+            return None  # what is left does not shrink with more devices
+        previous = smallest if smallest is not None else previous
+        n *= 2
+    return None

@@ -1,0 +1,98 @@
+"""Verification: XLA's memory analysis of the real Keras training step compiled for each candidate mesh."""
+
+import math
+
+import jax
+import keras
+from jax.sharding import NamedSharding, PartitionSpec
+
+from kdist.errors import PlanError
+from kdist.inspection.inspector import inspect, planned_optimizer
+from kdist.jax_internals import MEMORY_FIELDS, compile_train_step, xla_memory
+from kdist.keras_internals import deferred, output_struct, symbolic_build
+from kdist.presets import build_preset
+
+
+def verify(result, facts, specs=None, progress=None):
+    """Compile the step of every valid candidate (or those in `specs`) and record XLA's memory in `candidate.compiled`.
+
+    `progress(spec)` is called before each candidate is compiled.
+    """
+    n = result.devices
+    if jax.device_count() < n:
+        raise PlanError(
+            f"verify=True compiles on {n} devices, but JAX has {jax.device_count()}. Call "
+            f"kdist.fake_devices({n}) before importing jax or keras, or run `kdist plan ... --verify --fake-devices {n}`."
+        )
+    unknown = (specs or set()) - {c.spec for c in result.candidates} - {c.shape for c in result.candidates}
+    if unknown:
+        raise PlanError(f"verify names {sorted(unknown)}, which are not candidates: {[c.spec for c in result.candidates]}.")
+    for c in result.candidates:
+        if c.valid and (specs is None or c.spec in specs or c.shape in specs):
+            if progress is not None:
+                progress(c.spec)
+            c.compiled = compiled_memory(facts, c, result.batch_size)
+
+
+def compiled_memory(facts, candidate, batch_size):
+    """XLA's memory analysis of the Keras training step of the model on `candidate`'s mesh.
+
+    The model is rebuilt abstractly, compiled with the planned optimizer and a
+    softmax cross-entropy loss on each output, and `model.train_step` is
+    lowered from `jax.ShapeDtypeStruct`s carrying the candidate's shardings:
+    nothing is allocated. "backend" names the platform it was compiled for
+    (on fake CPU devices the figure is a CPU proxy of an accelerator's).
+    """
+    if facts.optimizer is None:
+        raise PlanError("verify=True compiles a training step, which needs an optimizer: pass optimizer='adam' (or another).")
+    dist = build_preset(candidate.spec, devices=jax.devices()[: math.prod(candidate.axes.values())], rules=facts.rules_arg)
+    mesh = dist.device_mesh.backend_mesh
+    clone = _rebuild(facts)
+    x = keras.tree.map_structure(lambda s: jax.ShapeDtypeStruct((batch_size, *s.shape[1:]), s.dtype), facts.inputs)
+    outputs = keras.tree.map_structure(lambda t: t, output_struct(clone))
+    seq = facts.sequence_length or 1
+    y = keras.tree.map_structure(
+        lambda t: jax.ShapeDtypeStruct((batch_size, *(seq if d is None else d for d in t.shape[1:-1])), "int32"), outputs
+    )
+    loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
+    optimizer = planned_optimizer(facts.optimizer)  # its scalars hold values: made outside the deferred scope
+    with deferred():
+        clone.compile(optimizer=optimizer, loss=loss)
+        symbolic_build(clone, (x, y))
+        clone.optimizer.build(clone.trainable_variables)
+    specs = {r.path: r.spec for r in inspect(clone, dist).variables}
+
+    def sharded(v):
+        return jax.ShapeDtypeStruct(tuple(v.shape), v.dtype, sharding=NamedSharding(mesh, PartitionSpec(*specs[v.path])))
+
+    groups = (clone.trainable_variables, clone.non_trainable_variables, clone.optimizer.variables, clone.metrics_variables)
+    state = tuple([sharded(v) for v in group] for group in groups)
+
+    def data_struct(s):
+        axes = dist.get_data_layout(s.shape).axes
+        return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, PartitionSpec(*axes)))
+
+    data = keras.tree.map_structure(data_struct, (x, y))
+    with dist.scope():
+        memory = xla_memory(compile_train_step(clone, state, data))
+    # "peak" is XLA's total, argument + output - alias + temp: every buffer of the step counted
+    # once (the CPU backend's peak_memory_in_bytes leaves temporaries out, so it is not used).
+    return {
+        **{k: memory[k] for k in MEMORY_FIELDS}, "xla_peak_memory": memory.get("peak") or 0, "peak": memory["total"],
+        "backend": jax.devices()[0].platform,
+    }
+
+
+def _rebuild(facts):
+    if facts.build is not None:
+        with deferred():
+            return facts.build()
+    model = facts.model
+    try:
+        with deferred():
+            return model.__class__.from_config(model.get_config())
+    except Exception as e:  # any failure of a user's get_config/from_config: say what to pass instead
+        raise PlanError(
+            f"verify=True rebuilds the model for each mesh, and {model.name!r} cannot be rebuilt from its config ({e}). "
+            "Pass the function that builds it instead of the model: kdist.plan(build_fn, ...)."
+        ) from None

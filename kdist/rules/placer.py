@@ -1,0 +1,112 @@
+"""The one placement engine: rules (or a Keras LayoutMap), shape fallbacks and FSDP, on a mesh without devices.
+
+`Placer(rules, dims).place(path, shape)` is what every path of kdist asks:
+the Keras adapter (`kdist.ShardedDistribution`), the linter, the planner and
+the inspector's abstract path. It needs no devices, only a `ParallelDims`.
+"""
+
+import dataclasses
+import math
+
+from kdist.errors import RuleError
+from kdist.meshes.layout import ELLIPSIS
+from kdist.meshes.roles import Role
+from kdist.rules.layout_map import LayoutMapRules
+from kdist.rules.placement import Placement
+from kdist.rules.rule import RuleSet
+
+# Variables with fewer elements than this stay replicated on the fsdp axis:
+# gathering them costs more than the memory they would save.
+FSDP_MIN_SIZE = 4096
+
+
+class Placer:
+    """Lays out variables by `rules` on mesh `dims`, then shards them over an fsdp axis by shape.
+
+    Example:
+
+    >>> from kdist.meshes import ParallelDims
+    >>> from kdist.rules import KERAS_CORE
+    >>> placer = Placer(KERAS_CORE, ParallelDims.parse("2x4", 8))
+    >>> placer.place("mlp/d1/kernel", (784, 200)).axes
+    (None, 'model')
+
+    Args:
+        rules: a `RuleSet` (ordered, first match wins, candidates fall back
+            by shape) or a `LayoutMapRules` (a Keras LayoutMap, Keras's lookup).
+        dims: the mesh, a `kdist.ParallelDims`.
+        fsdp_min_size: variables with fewer elements stay replicated over fsdp.
+        replicate_reason: when given, variables no rule matches are
+            "replicated by the preset" for this reason (e.g. "dp" has no model
+            axis) rather than "no rule matched".
+    """
+
+    def __init__(self, rules, dims, *, fsdp_min_size=FSDP_MIN_SIZE, replicate_reason=None):
+        if not isinstance(rules, (RuleSet, LayoutMapRules)):
+            raise RuleError(f"Placer needs a RuleSet or LayoutMapRules; received {type(rules).__name__}.")
+        self.rules = rules
+        self.dims = dims
+        self.fsdp_min_size = fsdp_min_size
+        self.replicate_reason = replicate_reason
+        self._placements = {}  # (path, shape) -> Placement
+        self._matches = {}  # path -> rule (RuleSet only)
+
+    def place(self, path, shape):
+        """The `Placement` of a variable of `shape` at `path`."""
+        key = (path, tuple(int(d) for d in shape))
+        placement = self._placements.get(key)
+        if placement is None:
+            placement = self._placements[key] = self._fsdp(self._by_rules(*key))
+        return placement
+
+    def match(self, path):
+        """What lays out `path` (cached): the `Rule` of a `RuleSet` or the key of a LayoutMap; None when nothing matches."""
+        if path not in self._matches:
+            if isinstance(self.rules, RuleSet):
+                self._matches[path] = self.rules.match(path)
+            else:
+                found = self.rules.lookup(path)
+                self._matches[path] = found[0] if found else None
+        return self._matches[path]
+
+    def activation(self, path):
+        """The layout (mesh axis names) of the activation at `path` ("<layer path>/output"), or None."""
+        if isinstance(self.rules, LayoutMapRules):
+            return self.rules.activation(path)
+        rule = next((r for r in self.rules if r.for_activations and r.matches(path)), None)
+        if rule is None:
+            return None
+        layout = rule.layouts[0]
+        if ELLIPSIS in layout:
+            raise RuleError(f"Rule {rule.pattern!r} lays out activations, whose rank it cannot know: write it without '...'.")
+        return rule.bind(layout, self.dims)
+
+    def _by_rules(self, path, shape):
+        if isinstance(self.rules, LayoutMapRules):
+            placement = self.rules.place(path, shape, self.dims)
+        else:
+            rule = self.match(path)
+            placement = rule.place(path, shape, self.dims) if rule is not None else None
+        if placement is None or placement.source == "default":
+            if self.replicate_reason:
+                return Placement(path, shape, (None,) * len(shape), "preset", reason=self.replicate_reason)
+            return placement or Placement(path, shape, (None,) * len(shape), "default", reason="no rule matched")
+        return placement
+
+    def _fsdp(self, placement):
+        """`placement` also sharded over the fsdp axis, on its largest free dimension that divides."""
+        if not self.dims.fsdp_enabled:
+            return placement
+        axis, size = self.dims.name_of(Role.FSDP), self.dims.size_of(Role.FSDP)
+        shape, axes = placement.shape, placement.axes
+        if axis in axes or math.prod(shape) < self.fsdp_min_size:
+            return placement
+        free = [i for i, a in enumerate(axes) if a is None and shape[i] % size == 0]
+        if not free:
+            reason = f"no unsharded dimension of {shape} divides by {axis}={size}: replicated over {axis}"
+            return dataclasses.replace(placement, reason="; ".join(r for r in (placement.reason, reason) if r))
+        dim = max(free, key=lambda i: shape[i])
+        new_axes = tuple(axis if i == dim else a for i, a in enumerate(axes))
+        source = "fsdp" if placement.source in ("default", "preset") else placement.source
+        reason = placement.reason if source != "fsdp" else ""
+        return dataclasses.replace(placement, axes=new_axes, source=source, reason=reason)

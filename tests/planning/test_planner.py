@@ -1,0 +1,202 @@
+import json
+
+import numpy as np
+import pytest
+
+import kdist
+from kdist import PlanError, SpecError, cli
+from kdist.errors import SizeError
+from kdist.units import human_bytes, parse_size
+from kdist.models import mnist_mlp, tiny_transformer
+from kdist.meshes import meshes
+
+
+def _tiny_llama():
+    from kdist import zoo
+
+    pytest.importorskip("keras_hub")
+    return zoo.load_model("tiny-llama3")
+
+
+FAMILIES = {
+    "mlp": (lambda: kdist.abstract_model(mnist_mlp), dict(batch_size=64)),
+    "tiny-transformer": (lambda: kdist.abstract_model(tiny_transformer), dict(batch_size=16)),
+    "tiny-llama3": (_tiny_llama, dict(batch_size=8, sequence_length=16)),
+}
+
+
+@pytest.fixture(scope="module")
+def plans():
+    out = {}
+    for name, (build, options) in FAMILIES.items():
+        model = build()
+        out[name] = (model, kdist.plan(model, 8, **options))
+    return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_weight_and_optimizer_bytes_equal_the_inspectors_for_every_candidate(plans, family):
+    model, result = plans[family]
+    assert len(result.candidates) == len(meshes(8)) == 10
+    for c in result.candidates:
+        report = kdist.inspect(model, kdist.preset(c.spec), optimizer="adam")
+        weights = report.device_bytes("trainable") + report.device_bytes("non_trainable")
+        assert c.weights == int(weights.max()), c.spec
+        assert c.optimizer == int(report.device_bytes("optimizer").max()), c.spec
+        assert c.gradients == int(report.device_bytes("trainable").max()), c.spec
+        assert 0 < c.optimizer - 2 * c.gradients <= 16  # Adam: momentum and velocity per weight, and two scalars
+        assert c.activations > 0 and c.peak > c.weights + c.optimizer
+
+
+def test_every_mesh_of_n_devices():
+    assert meshes(4, ("data", "model")) == [{"data": 4}, {"data": 2, "model": 2}, {"model": 4}]
+    assert len(meshes(512)) == 55  # ordered factorisations of 2**9 into three sizes
+    assert all(np.prod(list(m.values())) == 12 for m in meshes(12))
+
+
+def test_sharding_lowers_the_state_and_ranking_is_ordered(plans):
+    _, result = plans["tiny-transformer"]
+    by_spec = {c.spec: c for c in result.candidates}
+    assert by_spec["fsdp=8"].optimizer < by_spec["data=8"].optimizer / 4
+    assert by_spec["data=8"].comm["data"]["collectives"][0]["kind"] == "all-reduce"
+    assert {"fsdp"} == set(by_spec["fsdp=8"].comm)
+    assert "model" in by_spec["data=2,model=4"].comm
+    assert [c.rank for c in result.candidates] == list(range(1, 11))
+    times = [c.comm_seconds for c in result.candidates]
+    assert times == sorted(times)
+    assert result.recommendation is result.candidates[0]
+    assert "communication" in result.reason
+    data = json.loads(result.to_json())
+    assert data["recommendation"] == result.recommendation.spec and len(data["candidates"]) == 10
+    assert "★" in str(result)
+
+
+def test_alpha_beta_cost_of_the_data_all_reduce(plans):
+    _, result = plans["mlp"]
+    c = result.candidate("data=8")
+    grads = c.gradients
+    expected = 2 * 7 / 8 * grads / result.bandwidth + 2 * 7 * result.latency * 4  # 4 variables, one all-reduce each
+    assert c.comm["data"]["bytes"] == grads
+    assert c.comm["data"]["seconds"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("8e10", 8 * 10**10), (" 1.5 kib", 1536), ("100GB/s", 10**11), (4096, 4096)],
+)
+def test_memory_sizes(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["eighty", "80 GBs", "-1GB", "0", True])
+def test_malformed_memory_sizes_are_rejected_clearly(text):
+    with pytest.raises(SizeError, match="memory_per_device=.*(80GB|positive)"):
+        parse_size(text, "memory_per_device")
+
+
+def test_plan_rejects_a_malformed_memory_size(plans):
+    model, _ = plans["mlp"]
+    with pytest.raises(SizeError, match=r"memory_per_device='eighty' is not a size.*\"80GiB\""):
+        kdist.plan(model, 8, batch_size=64, memory_per_device="eighty")
+
+
+def test_bad_counts_name_the_argument(plans):
+    model, _ = plans["mlp"]
+    with pytest.raises(PlanError, match="devices must be a positive integer; received 0"):
+        kdist.plan(model, 0, batch_size=64)
+    with pytest.raises(PlanError, match="batch_size"):
+        kdist.plan(model, 8, batch_size=-4)
+
+
+def test_a_device_count_with_no_valid_mesh_gets_an_answer(plans):
+    model, _ = plans["tiny-transformer"]
+    result = kdist.plan(model, 7, batch_size=16)
+    assert result.recommendation is None and result.candidates
+    assert all(not c.valid for c in result.candidates)
+    assert "No mesh of 7 devices is valid" in result.advice
+    assert "does not divide by the 7 batch shards" in result.advice and "model=7" in result.advice
+    with pytest.raises(PlanError, match="no recommendation"):
+        result.preset()
+
+
+def test_batch_not_divisible_marks_those_candidates_invalid(plans):
+    model, _ = plans["mlp"]
+    result = kdist.plan(model, 8, batch_size=12)
+    c = result.candidate("data=8")
+    assert not c.valid and "batch size 12 does not divide by the 8 batch shards" in c.reason
+    assert result.candidate("data=4,model=2").valid
+    assert result.recommendation.valid
+
+
+def test_a_budget_no_candidate_fits_says_what_would(plans):
+    model, _ = plans["tiny-transformer"]
+    result = kdist.plan(model, 8, batch_size=16, memory_per_device="2MB")
+    assert result.recommendation is None
+    smallest = min(c.peak for c in result.candidates if c.valid)
+    assert "No candidate fits" in result.advice
+    assert f"{human_bytes(smallest)}" in result.advice
+    assert "To fit:" in result.advice and "devices" in result.advice and "batch size of at most" in result.advice
+    # The suggestions hold: a smaller batch fits on 8 devices, and the batch fits on more devices.
+    batch, devices = result.suggestions["batch_size"], result.suggestions["devices"]
+    assert f"batch size of at most {batch} on 8 devices" in result.advice and f"{devices} devices" in result.advice
+    assert kdist.plan(model, 8, batch_size=batch, memory_per_device="2MB").recommendation is not None
+    assert kdist.plan(model, devices, batch_size=16, memory_per_device="2MB").recommendation is not None
+
+
+def test_auto_preset_uses_the_plans_recommendation(plans):
+    model, result = plans["mlp"]
+    dist = kdist.preset("auto", model=model, batch_size=64)
+    assert isinstance(dist, kdist.ShardedDistribution)
+    assert dist.spec == result.recommendation.spec
+    assert dict(zip(dist.device_mesh.axis_names, dist.device_mesh.shape)) == result.recommendation.axes
+    with pytest.raises(SpecError, match="needs the model and the batch size"):
+        kdist.preset("auto", model=model)
+    with pytest.raises(PlanError, match="No candidate fits"):
+        kdist.preset("auto", model=model, batch_size=64, memory_per_device="10KB")
+
+
+def test_verify_compiles_and_is_close_to_the_estimate():
+    result = kdist.plan(mnist_mlp, 8, batch_size=64, verify=["data=8", "fsdp=2,model=4"])
+    checked = [c for c in result.candidates if c.compiled]
+    assert {c.spec for c in checked} == {"data=8", "fsdp=2,model=4"}
+    for c in checked:
+        figures = c.compiled
+        assert figures["peak"] == figures["argument"] + figures["output"] - figures["alias"] + figures["temp"]
+        # Donated state: the arguments hold at least the weights and the optimizer state.
+        assert figures["argument"] >= c.weights + c.optimizer
+        assert 0.8 <= c.ratio <= 1.2, (c.spec, c.peak, figures)
+
+
+def test_plan_for_512_devices_needs_no_devices(capsys):
+    assert cli.main(["plan", "mlp", "--devices", "512", "--batch-size", "1024", "--memory", "16GB", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["devices"] == 512 and len(data["candidates"]) == 55
+    assert data["memory_per_device"] == 16 * 10**9
+
+
+def test_dtype_counts_the_state_in_that_dtype(plans):
+    model, result = plans["mlp"]
+    half = kdist.plan(model, 8, batch_size=64, dtype="bfloat16")
+    for c in result.candidates:
+        h = half.candidate(c.spec)
+        assert h.gradients * 2 == c.gradients and h.optimizer < c.optimizer
+        assert 0 <= h.weights * 2 - c.weights <= 16  # the dropout seed (uint32) keeps its dtype
+        assert h.activations < c.activations
+
+
+def test_mixture_of_experts_plans_an_expert_axis():
+    from kdist import zoo
+
+    pytest.importorskip("keras_hub")
+    model = zoo.load_model("tiny-mixtral")
+    result = kdist.plan(model, 8, batch_size=8, sequence_length=16)
+    assert len(result.candidates) == len(meshes(8, ("data", "fsdp", "model", "expert"))) == 20
+    assert any("expert" in note for note in result.notes)
+    expert = [c for c in result.candidates if c.valid and "expert" in c.axes]
+    assert expert and all("expert" in c.comm for c in expert)
+    for c in expert[:2]:
+        report = kdist.inspect(model, kdist.preset(c.spec), optimizer="adam")
+        assert c.weights == int((report.device_bytes("trainable") + report.device_bytes("non_trainable")).max())
+        assert c.optimizer == int(report.device_bytes("optimizer").max())
+    # 4 experts cannot split over 8 devices.
+    assert "no weight divides by expert=8" in result.candidate("expert=8").reason
