@@ -23,7 +23,15 @@ from pathlib import Path
 
 from kdist.machine import machine_info
 
-LLAMA3_70B = dict(vocabulary_size=128256, num_layers=80, hidden_dim=8192, num_query_heads=64, num_key_value_heads=8, intermediate_dim=28672, dtype="bfloat16")
+LLAMA3_70B = dict(
+    vocabulary_size=128256,
+    num_layers=80,
+    hidden_dim=8192,
+    num_query_heads=64,
+    num_key_value_heads=8,
+    intermediate_dim=28672,
+    dtype="bfloat16",
+)
 CASES = {
     # name: (model, mesh, fake devices, optimizer)
     "llama3-70b 2x4": ("llama3-70b", "2x4", 8, None),
@@ -136,7 +144,11 @@ def main():
         )
     import kdist  # noqa: F401  (machine info needs jax with the kdist backend choice)
 
-    data = {"machine": {**machine_info(), "load_average_1_5_15_min_at_start": load_at_start}, "targets": {"inspect_s": LIMIT_S, "peak_rss_mib": LIMIT_MIB}, "results": results}
+    data = {
+        "machine": {**machine_info(), "load_average_1_5_15_min_at_start": load_at_start},
+        "targets": {"inspect_s": LIMIT_S, "peak_rss_mib": LIMIT_MIB},
+        "results": results,
+    }
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {RESULTS}")

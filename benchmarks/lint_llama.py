@@ -28,9 +28,30 @@ from kdist.machine import machine_info
 
 # Published Llama 3 / 3.1 configurations.
 CONFIGS = {
-    "llama3-8b": dict(vocabulary_size=128256, num_layers=32, hidden_dim=4096, num_query_heads=32, num_key_value_heads=8, intermediate_dim=14336),
-    "llama3-70b": dict(vocabulary_size=128256, num_layers=80, hidden_dim=8192, num_query_heads=64, num_key_value_heads=8, intermediate_dim=28672),
-    "llama3-405b": dict(vocabulary_size=128256, num_layers=126, hidden_dim=16384, num_query_heads=128, num_key_value_heads=8, intermediate_dim=53248),
+    "llama3-8b": dict(
+        vocabulary_size=128256,
+        num_layers=32,
+        hidden_dim=4096,
+        num_query_heads=32,
+        num_key_value_heads=8,
+        intermediate_dim=14336,
+    ),
+    "llama3-70b": dict(
+        vocabulary_size=128256,
+        num_layers=80,
+        hidden_dim=8192,
+        num_query_heads=64,
+        num_key_value_heads=8,
+        intermediate_dim=28672,
+    ),
+    "llama3-405b": dict(
+        vocabulary_size=128256,
+        num_layers=126,
+        hidden_dim=16384,
+        num_query_heads=128,
+        num_key_value_heads=8,
+        intermediate_dim=53248,
+    ),
 }
 MESHES = ("2x4", "8x16")
 RESULTS = Path(__file__).parent / "results" / "lint_llama.json"
@@ -56,7 +77,10 @@ def measure(size):
     assert all(not hasattr(v, "_value") or v._value is None for v in backbone.variables), "weights were allocated"
 
     runs = {f"auto {mesh}": ("auto", mesh) for mesh in MESHES}
-    runs["keras-hub map 2x4"] = (keras_hub.models.LlamaBackbone.get_layout_map(kdist.mesh("2x4", axis_names=("batch", "model"))), None)
+    runs["keras-hub map 2x4"] = (
+        keras_hub.models.LlamaBackbone.get_layout_map(kdist.mesh("2x4", axis_names=("batch", "model"))),
+        None,
+    )
     lints = {}
     for name, (rules, mesh) in runs.items():
         times = []
@@ -84,14 +108,20 @@ def measure(size):
         "parameters": sum(math.prod(v.shape) for v in backbone.variables),
         "import_s": import_s,
         "build_s": build_s,
-        "peak_rss_mib": {"after_import": rss_after_import, "after_build": rss_after_build, "after_lint": peak_rss_mib()},
+        "peak_rss_mib": {
+            "after_import": rss_after_import,
+            "after_build": rss_after_build,
+            "after_lint": peak_rss_mib(),
+        },
         "lint": lints,
     }
 
 
 def run_child(size):
     env = dict(os.environ, KERAS_BACKEND="jax", KDIST_FAKE_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, __file__, "--child", size], capture_output=True, text=True, env=env, check=False)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", size], capture_output=True, text=True, env=env, check=False
+    )
     if out.returncode:
         raise RuntimeError(f"{size} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -99,7 +129,8 @@ def run_child(size):
 
 def table(results):
     lines = [
-        f"{'model':<12} {'vars':>5} {'params':>8} {'build s':>8} {'rss MiB':>8}  {'lint':<18} {'lint s':>7} {'traced MiB':>10}  "
+        f"{'model':<12} {'vars':>5} {'params':>8} {'build s':>8} {'rss MiB':>8}  {'lint':<18} {'lint s':>7} "
+        f"{'traced MiB':>10}  "
         f"{'err/warn/info':>13} {'sharded':>8} {'replicated':>10}"
     ]
     for r in results:
@@ -107,8 +138,10 @@ def table(results):
             c = lint["counts"]
             lines.append(
                 f"{r['size']:<12} {r['variables']:>5} {r['parameters'] / 1e9:>7.1f}B {r['build_s']:>8.2f} "
-                f"{r['peak_rss_mib']['after_lint']:>8.0f}  {name:<18} {lint['median_s']:>7.3f} {lint['traced_peak_mib']:>10.1f}  "
-                f"{c['error']:>3}/{c['warning']:>3}/{c['info']:>3}   {lint['sharded_share']:>8.1%} {lint['replicated_share']:>10.1%}"
+                f"{r['peak_rss_mib']['after_lint']:>8.0f}  {name:<18} {lint['median_s']:>7.3f} "
+                f"{lint['traced_peak_mib']:>10.1f}  "
+                f"{c['error']:>3}/{c['warning']:>3}/{c['info']:>3}   {lint['sharded_share']:>8.1%} "
+                f"{lint['replicated_share']:>10.1%}"
             )
     return "\n".join(lines)
 

@@ -20,20 +20,29 @@ from kdist.machine import machine_info
 
 BATCH, SEQUENCE = 256, 4096  # a million tokens per step
 CONFIG = dict(
-    vocabulary_size=128256, num_layers=126, hidden_dim=16384, num_query_heads=128, num_key_value_heads=8,
-    intermediate_dim=53248, dtype="bfloat16",
+    vocabulary_size=128256,
+    num_layers=126,
+    hidden_dim=16384,
+    num_query_heads=128,
+    num_key_value_heads=8,
+    intermediate_dim=53248,
+    dtype="bfloat16",
 )
 
 
 def main():
-    import kdist  # before keras_hub: selects the JAX backend
     import keras_hub
+
+    import kdist  # before keras_hub: selects the JAX backend
 
     start = time.perf_counter()
     model = kdist.abstract_model(keras_hub.models.LlamaBackbone, **CONFIG)
     build_seconds = time.perf_counter() - start
     parameters = sum(math.prod(v.shape) for v in model.weights)
-    print(f"built {model.name} abstractly: {len(model.weights)} variables, {parameters / 1e9:.1f}e9 parameters, {build_seconds:.1f} s")
+    print(
+        f"built {model.name} abstractly: {len(model.weights)} variables, {parameters / 1e9:.1f}e9 parameters, "
+        f"{build_seconds:.1f} s"
+    )
     runs = []
     for devices in (8, 64, 512):
         start = time.perf_counter()
@@ -53,7 +62,9 @@ def main():
                 "recommended_peak": best.peak if best else None,
                 "reason": result.reason,
                 "advice": result.advice,
-                "smallest_peak": min(c.peak for c in result.candidates if c.valid) if any(c.valid for c in result.candidates) else None,
+                "smallest_peak": min(c.peak for c in result.candidates if c.valid)
+                if any(c.valid for c in result.candidates)
+                else None,
             }
         )
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -62,8 +73,17 @@ def main():
     out.parent.mkdir(exist_ok=True)
     out.write_text(
         json.dumps(
-            {"machine": machine_info(), "config": CONFIG, "parameters": parameters, "build_seconds": round(build_seconds, 2),
-             "batch_size": BATCH, "sequence_length": SEQUENCE, "memory_per_device": "80GB", "peak_rss_bytes": peak_rss, "runs": runs},
+            {
+                "machine": machine_info(),
+                "config": CONFIG,
+                "parameters": parameters,
+                "build_seconds": round(build_seconds, 2),
+                "batch_size": BATCH,
+                "sequence_length": SEQUENCE,
+                "memory_per_device": "80GB",
+                "peak_rss_bytes": peak_rss,
+                "runs": runs,
+            },
             indent=1,
         )
         + "\n"

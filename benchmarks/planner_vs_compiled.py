@@ -37,7 +37,9 @@ def main():
     rows = []
     for name, options in FAMILIES.items():
         start = time.perf_counter()
-        result = kdist.plan(zoo.ENTRIES[name][0], args.fake_devices, verify=True, **options)  # the builder: rebuilt per mesh
+        result = kdist.plan(
+            zoo.ENTRIES[name][0], args.fake_devices, verify=True, **options
+        )  # the builder: rebuilt per mesh
         seconds = time.perf_counter() - start
         for c in result.candidates:
             if not c.compiled:
@@ -53,16 +55,26 @@ def main():
                     "compiled": c.compiled,
                 }
             )
-        print(f"{name}: planned and compiled {sum(1 for c in result.candidates if c.compiled)} meshes in {seconds:.1f} s")
+        print(
+            f"{name}: planned and compiled {sum(1 for c in result.candidates if c.compiled)} meshes in {seconds:.1f} s"
+        )
     print(f"\n{'model':18} {'mesh':24} {'estimated':>12} {'compiled':>12} {'est/comp':>9}")
     for r in rows:
         flag = "" if 0.8 <= r["ratio"] <= 1.2 else "  outside 0.8-1.2"
-        print(f"{r['model']:18} {r['mesh']:24} {r['estimated_peak']:12,d} {r['compiled_peak']:12,d} {r['ratio']:9.2f}{flag}")
+        print(
+            f"{r['model']:18} {r['mesh']:24} {r['estimated_peak']:12,d} {r['compiled_peak']:12,d} "
+            f"{r['ratio']:9.2f}{flag}"
+        )
     within = sum(1 for r in rows if 0.8 <= r["ratio"] <= 1.2)
     print(f"\n{within} of {len(rows)} meshes within 20% of the compiled peak")
     out = Path(__file__).parent / "results" / "planner_vs_compiled.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"machine": machine_info(), "within_20_percent": within, "meshes": len(rows), "rows": rows}, indent=1) + "\n")
+    out.write_text(
+        json.dumps(
+            {"machine": machine_info(), "within_20_percent": within, "meshes": len(rows), "rows": rows}, indent=1
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
 
 

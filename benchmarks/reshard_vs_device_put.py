@@ -34,7 +34,9 @@ CYCLE = ("8x1", "2x4", "1x8", "fsdp", "8x1")
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--models", default="256x4x8192,512x4x16384", help="hidden x layers x vocabulary, comma-separated")
+    parser.add_argument(
+        "--models", default="256x4x8192,512x4x16384", help="hidden x layers x vocabulary, comma-separated"
+    )
     parser.add_argument("--fake-devices", type=int, default=8)
     args = parser.parse_args()
 
@@ -61,16 +63,22 @@ def main():
     out = Path(__file__).parent / "results" / "reshard_vs_device_put.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"median ratio reshard / device_put over all hops: {result['ratio_reshard_over_device_put_median']:.2f}; written to {out}")
+    print(
+        f"median ratio reshard / device_put over all hops: {result['ratio_reshard_over_device_put_median']:.2f}; "
+        f"written to {out}"
+    )
 
 
 def run_model(kdist, jax, keras, hidden, layers, vocabulary, repeats):
     import numpy as np
 
     from kdist import resharding as reshard_module
+
     keras.distribution.set_distribution(kdist.preset(CYCLE[0]))
     keras.utils.set_random_seed(0)
-    model = kdist.models.tiny_transformer(vocabulary_size=vocabulary, sequence_length=32, hidden_dim=hidden, num_heads=4, num_layers=layers)
+    model = kdist.models.tiny_transformer(
+        vocabulary_size=vocabulary, sequence_length=32, hidden_dim=hidden, num_heads=4, num_layers=layers
+    )
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     tokens = np.random.default_rng(0).integers(0, vocabulary, size=(16, 32))
     model.fit(tokens, tokens, batch_size=16, verbose=0)
@@ -117,7 +125,8 @@ def run_model(kdist, jax, keras, hidden, layers, vocabulary, repeats):
             }
         )
         print(
-            f"  {source:>5} -> {target:<5} copied {plan.count:>3}/{len(entries)}  reshard {median['reshard'] * 1e3:8.2f} ms  "
+            f"  {source:>5} -> {target:<5} copied {plan.count:>3}/{len(entries)}  reshard "
+            f"{median['reshard'] * 1e3:8.2f} ms  "
             f"device_put {median['device_put'] * 1e3:8.2f} ms  ratio {hops[-1]['ratio_reshard_over_device_put']:.2f}  "
             f"(plan alone {median['plan'] * 1e3:.2f} ms)"
         )

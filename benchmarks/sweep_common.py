@@ -35,7 +35,14 @@ def main(name, build, description, batch_size, steps=40, warmup=5):
     data, loss = random_data(kdist.abstract_model(build), samples, seed=0)
     meshes = "all" if args.meshes == "all" else args.meshes.split(",")
     result = kdist.sweep(
-        build, data, meshes, steps=args.steps, warmup=args.warmup, batch_size=args.batch_size, loss=loss, console=console
+        build,
+        data,
+        meshes,
+        steps=args.steps,
+        warmup=args.warmup,
+        batch_size=args.batch_size,
+        loss=loss,
+        console=console,
     )
     console.print(result)
 
@@ -51,7 +58,10 @@ def main(name, build, description, batch_size, steps=40, warmup=5):
     data["benchmark"] = {"name": name, "description": description, "agreement": summary}
     stem.with_suffix(".json").write_text(json.dumps(data, indent=2))
 
-    console.print(f"\n[bold]Measured step time vs the same compiled step timed directly[/] (target within {AGREEMENT_TARGET:.0%}):")
+    console.print(
+        "\n[bold]Measured step time vs the same compiled step timed directly[/] (target within "
+        f"{AGREEMENT_TARGET:.0%}):"
+    )
     for mesh, agreement in summary["per_shape"].items():
         mark = "ok" if abs(agreement) <= AGREEMENT_TARGET else "OUTSIDE"
         console.print(f"  {mesh:>6}: {agreement:+.2%}  {mark}")
@@ -62,7 +72,8 @@ def main(name, build, description, batch_size, steps=40, warmup=5):
     o = result.overhead
     console.print(
         f"Sweep overhead: {o['overhead_s']:.1f} s of {o['wall_s']:.1f} s wall time outside measured steps "
-        f"({o['overhead_share']:.0%}); timing loop adds {o['loop_overhead_per_step_s'] * 1e6:.0f} µs per step outside the timed calls."
+        f"({o['overhead_share']:.0%}); timing loop adds {o['loop_overhead_per_step_s'] * 1e6:.0f} µs per step "
+        "outside the timed calls."
     )
     console.print(f"Wrote {stem}.csv, .json, .png")
     return result

@@ -16,7 +16,8 @@ from kdist.backend import require_jax_backend as _require_jax_backend
 
 _require_jax_backend()  # before anything imports keras
 
-from kdist.devices import fake_devices, fake_devices_from_env as _fake_devices_from_env  # noqa: E402
+from kdist.devices import fake_devices  # noqa: E402
+from kdist.devices import fake_devices_from_env as _fake_devices_from_env  # noqa: E402
 
 _fake_devices_from_env()  # before anything starts jax's devices
 
@@ -53,8 +54,8 @@ from kdist.runtime.cluster import ClusterConfig, cluster_from_tf_config, initial
 from kdist.runtime.data import check_batch_size, check_dataset, check_fit_inputs, global_batch_size, make_dataset  # noqa: E402
 from kdist.runtime.launcher import LaunchResult, launch  # noqa: E402
 from kdist.runtime.resharding import ReshardResult, plan_reshape, reshard  # noqa: E402
-from kdist.runtime.sweeping import sweep  # noqa: E402
 from kdist.runtime.sweep_result import SweepResult  # noqa: E402
+from kdist.runtime.sweeping import sweep  # noqa: E402
 from kdist.version import __version__  # noqa: E402
 
 __all__ = [

@@ -18,6 +18,8 @@ def abstract_model(build, *args, **kwargs):
     ```
     """
     if not callable(build):
-        raise ArgumentTypeError(f"abstract_model needs a function that builds a model; received {type(build).__name__} {build!r}.")
+        raise ArgumentTypeError(
+            f"abstract_model needs a function that builds a model; received {type(build).__name__} {build!r}."
+        )
     with deferred():
         return build(*args, **kwargs)

@@ -15,7 +15,7 @@ def require_jax_backend():
     """
     requested = os.environ.get("KERAS_BACKEND")
     if "keras" in sys.modules:
-        import keras
+        import keras  # already loaded: importing it at the top would load it before its backend is chosen
 
         backend = keras.backend.backend()
         if backend != "jax":

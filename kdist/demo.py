@@ -49,17 +49,24 @@ def run_demo(spec=None, steps=5, batch_size=64, console=None):
         spec = demo_mesh(len(devices))
         if spec != DEFAULT_MESH:
             console.print(
-                f"The default mesh {DEFAULT_MESH!r} needs 8 devices and JAX has {_count(len(devices), devices[0].platform)}: "
-                f"using {spec!r}. Pass --mesh to choose, or --fake-devices 8 to run {DEFAULT_MESH!r} on 8 fake CPU devices.",
+                f"The default mesh {DEFAULT_MESH!r} needs 8 devices and JAX has "
+                f"{_count(len(devices), devices[0].platform)}: "
+                f"using {spec!r}. Pass --mesh to choose, or --fake-devices 8 to run {DEFAULT_MESH!r} on 8 fake CPU "
+                "devices.",
                 highlight=False,
             )
     distribution = build_preset(spec)
     used = distribution.device_mesh.devices.ravel()
-    console.print(f"[bold]kdist demo[/]: {_count(len(used), used[0].platform)}, preset {spec!r} -> {distribution}", highlight=False)
+    console.print(
+        f"[bold]kdist demo[/]: {_count(len(used), used[0].platform)}, preset {spec!r} -> {distribution}",
+        highlight=False,
+    )
     replicas = distribution.num_model_replicas
     if chosen and batch_size % replicas:
         batch_size = -(-batch_size // replicas) * replicas
-        console.print(f"batch size rounded up to {batch_size}, a multiple of the {replicas} model replicas", highlight=False)
+        console.print(
+            f"batch size rounded up to {batch_size}, a multiple of the {replicas} model replicas", highlight=False
+        )
     check_batch_size(batch_size, distribution)
     keras.utils.set_random_seed(0)
     with distribution.scope():
@@ -69,7 +76,10 @@ def run_demo(spec=None, steps=5, batch_size=64, console=None):
         start = time.perf_counter()
         losses = fit_steps(model, x, y, batch_size)
         elapsed = time.perf_counter() - start
-    console.print(f"trained {steps} steps of batch {batch_size} in {elapsed:.1f} s; losses: {', '.join(f'{v:.4f}' for v in losses)}")
+    console.print(
+        f"trained {steps} steps of batch {batch_size} in {elapsed:.1f} s; losses: "
+        f"{', '.join(f'{v:.4f}' for v in losses)}"
+    )
     report = inspect(model, distribution)
     console.print(report)
     return report, losses

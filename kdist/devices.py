@@ -87,7 +87,7 @@ def has_accelerator_plugin():
 
 
 def device_name(device):
-    """"cpu:3" for a jax device (or a device name string, lower-cased)."""
+    """ "cpu:3" for a jax device (or a device name string, lower-cased)."""
     if isinstance(device, str):
         return device.lower()
     return f"{device.platform}:{device.id}"
@@ -118,7 +118,9 @@ def resolve_devices(devices=None):
                 raise SpecError(f"Unknown device {d!r}; known devices are {sorted(by_name, key=device_sort_key)}.")
             d = by_name[d.lower()]
         elif not isinstance(d, jax.Device):
-            raise SpecError(f'devices must hold jax devices or names such as "cpu:0"; received {d!r} ({type(d).__name__}).')
+            raise SpecError(
+                f'devices must hold jax devices or names such as "cpu:0"; received {d!r} ({type(d).__name__}).'
+            )
         resolved.append(d)
     if not resolved:
         raise SpecError(f"devices is empty; pass at least one device, or None for all {len(by_name)}.")

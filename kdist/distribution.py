@@ -51,8 +51,9 @@ class ShardedDistribution(ModelParallel):
         placements: variable path -> `Placement`, for each variable laid out so far.
     """
 
-    def __init__(self, device_mesh, rules=None, *, roles=None, spec=None, fsdp_min_size=FSDP_MIN_SIZE,
-                 auto_shard_dataset=True):
+    def __init__(
+        self, device_mesh, rules=None, *, roles=None, spec=None, fsdp_min_size=FSDP_MIN_SIZE, auto_shard_dataset=True
+    ):
         if not isinstance(device_mesh, DeviceMesh):
             raise ArgumentTypeError(
                 f"ShardedDistribution needs a keras.distribution.DeviceMesh (e.g. kdist.mesh('2x4')); "
@@ -101,7 +102,11 @@ class ShardedDistribution(ModelParallel):
         layout = own_layout(variable)
         if layout is not None:
             self.placements[variable.path] = Placement(
-                variable.path, tuple(variable.shape), layout_axes(layout), "explicit", reason="the variable carried its own layout"
+                variable.path,
+                tuple(variable.shape),
+                layout_axes(layout),
+                "explicit",
+                reason="the variable carried its own layout",
             )
             return layout
         placement = self.place(variable.path, variable.shape)

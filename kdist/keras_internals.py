@@ -70,7 +70,7 @@ def set_path(variable, path):
 
 
 def functional(model):
-    """The functional graph of a model: a `keras.Model` built functionally, or a Sequential's inner one (`_functional`)."""
+    """The functional graph of a model: the model itself, or a Sequential's inner one (`_functional`)."""
     return getattr(model, "_functional", None) or model
 
 

@@ -58,5 +58,6 @@ def check_unique_paths(entries, error=CheckpointError):
     twice = sorted(p for p, n in counts.items() if n > 1)
     if twice:
         raise error(
-            f"Variables share the paths {twice[:5]}; give their layers distinct names so a checkpoint can tell them apart."
+            f"Variables share the paths {twice[:5]}; give their layers distinct names so a checkpoint can tell them "
+            "apart."
         )

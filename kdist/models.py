@@ -50,7 +50,9 @@ def tiny_transformer(vocabulary_size=512, sequence_length=32, hidden_dim=64, num
     x = PositionEmbedding(name="position_embedding")(x)
     for i in range(num_layers):
         h = layers.LayerNormalization(name=f"block_{i}_attention_norm")(x)
-        h = layers.MultiHeadAttention(num_heads, hidden_dim // num_heads, name=f"block_{i}_attention")(h, h, use_causal_mask=True)
+        h = layers.MultiHeadAttention(num_heads, hidden_dim // num_heads, name=f"block_{i}_attention")(
+            h, h, use_causal_mask=True
+        )
         x = x + h
         h = layers.LayerNormalization(name=f"block_{i}_mlp_norm")(x)
         h = layers.Dense(4 * hidden_dim, activation="gelu", name=f"block_{i}_mlp_up")(h)

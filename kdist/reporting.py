@@ -1,4 +1,4 @@
-"""The report protocol every kdist report follows: `ShardingReport`, `LintReport`, `Plan`, `SweepResult`, `ReshardResult`.
+"""The report protocol of `ShardingReport`, `LintReport`, `Plan`, `SweepResult` and `ReshardResult`.
 
 A report implements `to_dict()`, `csv_rows()` (a list of flat dicts) and
 `renderables(width)` (rich renderables fitted to `width` columns); this base

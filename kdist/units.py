@@ -10,9 +10,18 @@ import numpy as np
 from kdist.errors import SizeError
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "pb": 10**15,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "pib": 2**50,
 }
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*([a-z]*)(/s)?")
 SIZE_FORMS = (
@@ -51,7 +60,9 @@ def parse_size(value, name="size"):
         mantissa, exponent, unit, _ = match.groups()
         number = float(mantissa) * 10 ** int(exponent or 0) * _UNITS[unit]
     else:
-        raise SizeError(f"{name} must be a number or a string such as '80GB'; received {type(value).__name__} {value!r}.")
+        raise SizeError(
+            f"{name} must be a number or a string such as '80GB'; received {type(value).__name__} {value!r}."
+        )
     if not math.isfinite(number) or number <= 0:
         raise SizeError(f"{name}={value!r} must be a positive size. Give {SIZE_FORMS}.")
     return int(round(number))
@@ -77,7 +88,7 @@ def short_bytes(n):
 
 
 def human_seconds(seconds):
-    """"1.23 s" from a second up, "4.56 ms" below."""
+    """ "1.23 s" from a second up, "4.56 ms" below."""
     return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 

@@ -14,9 +14,9 @@ import importlib
 import os
 import sys
 
-from kdist import models
 from kdist.abstract import abstract_model
 from kdist.errors import ArgumentError, MissingDependencyError, ModelError
+from kdist.models import mnist_mlp, small_cnn, tiny_transformer
 from kdist.rules.hub import BACKBONES
 
 MODEL_HELP = (
@@ -27,9 +27,9 @@ MODEL_HELP = (
 
 # name -> (build function, description)
 ENTRIES = {
-    "mlp": (models.mnist_mlp, "the Keras distribution guide's MNIST-sized MLP"),
-    "cnn": (models.small_cnn, "a small CNN for 28x28x1 images"),
-    "tiny-transformer": (models.tiny_transformer, "a tiny decoder LM of Keras core layers"),
+    "mlp": (mnist_mlp, "the Keras distribution guide's MNIST-sized MLP"),
+    "cnn": (small_cnn, "a small CNN for 28x28x1 images"),
+    "tiny-transformer": (tiny_transformer, "a tiny decoder LM of Keras core layers"),
 }
 
 HUB_INSTALL = (
@@ -92,11 +92,23 @@ def tiny_entries():
 
 
 # Shared tiny sizes.
-_LM = dict(vocabulary_size=256, num_layers=2, hidden_dim=64, intermediate_dim=128, num_query_heads=8, num_key_value_heads=2)
+_LM = dict(
+    vocabulary_size=256, num_layers=2, hidden_dim=64, intermediate_dim=128, num_query_heads=8, num_key_value_heads=2
+)
 _ENCODER = dict(vocabulary_size=256, num_layers=2, hidden_dim=64, intermediate_dim=128, num_heads=8)
 _IMAGE = dict(image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=8, hidden_dim=64)
-_CLIP_VISION = dict(patch_size=8, hidden_dim=64, num_layers=2, num_heads=8, intermediate_dim=128, image_shape=(32, 32, 3))
-_CLIP_TEXT = dict(vocabulary_size=256, embedding_dim=64, hidden_dim=64, num_layers=2, num_heads=8, intermediate_dim=128, max_sequence_length=16)
+_CLIP_VISION = dict(
+    patch_size=8, hidden_dim=64, num_layers=2, num_heads=8, intermediate_dim=128, image_shape=(32, 32, 3)
+)
+_CLIP_TEXT = dict(
+    vocabulary_size=256,
+    embedding_dim=64,
+    hidden_dim=64,
+    num_layers=2,
+    num_heads=8,
+    intermediate_dim=128,
+    max_sequence_length=16,
+)
 _GEMMA2 = dict(
     query_head_dim_normalize=False,
     use_post_ffw_norm=True,
@@ -117,10 +129,21 @@ TINY = {
     "qwen3": dict(_LM, head_dim=8, tie_word_embeddings=False),
     "phi3": _LM,
     "smollm3": dict(
-        vocabulary_size=256, hidden_dim=64, intermediate_dim=128, num_layers=2, num_attention_heads=8,
-        num_key_value_heads=2, attention_bias=False, attention_dropout=0.0, rope_layer_enabled_list=[True, False],
-        layer_types=["attention", "attention"], mlp_bias=False, layer_norm_epsilon=1e-6,
-        max_position_embeddings=64, rope_theta=10000.0, partial_rotary_factor=1.0,
+        vocabulary_size=256,
+        hidden_dim=64,
+        intermediate_dim=128,
+        num_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        attention_bias=False,
+        attention_dropout=0.0,
+        rope_layer_enabled_list=[True, False],
+        layer_types=["attention", "attention"],
+        mlp_bias=False,
+        layer_norm_epsilon=1e-6,
+        max_position_embeddings=64,
+        rope_theta=10000.0,
+        partial_rotary_factor=1.0,
     ),
     "mixtral": dict(_LM, num_experts=4, top_k=2),
     "qwen_moe": dict(_LM, moe_intermediate_dim=32, shared_expert_intermediate_dim=64, num_experts=4, top_k=2),
@@ -138,7 +161,15 @@ TINY = {
     "roberta": dict(_ENCODER, max_sequence_length=32),
     "xlm_roberta": dict(_ENCODER, max_sequence_length=32),
     "distil_bert": dict(_ENCODER, max_sequence_length=32),
-    "electra": dict(vocab_size=256, num_layers=2, num_heads=8, hidden_dim=64, embedding_dim=32, intermediate_dim=128, max_sequence_length=32),
+    "electra": dict(
+        vocab_size=256,
+        num_layers=2,
+        num_heads=8,
+        hidden_dim=64,
+        embedding_dim=32,
+        intermediate_dim=128,
+        max_sequence_length=32,
+    ),
     "albert": dict(_ENCODER, embedding_dim=32, max_sequence_length=32),
     "deberta_v3": dict(_ENCODER, max_sequence_length=32, bucket_size=8),
     "f_net": dict(vocabulary_size=256, num_layers=2, hidden_dim=64, intermediate_dim=128, max_sequence_length=32),
@@ -149,47 +180,120 @@ TINY = {
     "esm": dict(_ENCODER, max_sequence_length=32),
     "vit": dict(_IMAGE, mlp_dim=128),
     "deit": dict(_IMAGE, intermediate_dim=128),
-    "dinov2": dict(patch_size=8, num_layers=2, hidden_dim=64, num_heads=8, intermediate_dim=128, image_shape=(32, 32, 3), position_embedding_shape=(32, 32, 3)),
-    "clip": dict(vision_encoder=("CLIPVisionEncoder", _CLIP_VISION), text_encoder=("CLIPTextEncoder", _CLIP_TEXT), projection_dim=64),
-    "siglip": dict(vision_encoder=("SigLIPVisionEncoder", _CLIP_VISION), text_encoder=("SigLIPTextEncoder", _CLIP_TEXT)),
+    "dinov2": dict(
+        patch_size=8,
+        num_layers=2,
+        hidden_dim=64,
+        num_heads=8,
+        intermediate_dim=128,
+        image_shape=(32, 32, 3),
+        position_embedding_shape=(32, 32, 3),
+    ),
+    "clip": dict(
+        vision_encoder=("CLIPVisionEncoder", _CLIP_VISION),
+        text_encoder=("CLIPTextEncoder", _CLIP_TEXT),
+        projection_dim=64,
+    ),
+    "siglip": dict(
+        vision_encoder=("SigLIPVisionEncoder", _CLIP_VISION), text_encoder=("SigLIPTextEncoder", _CLIP_TEXT)
+    ),
 }
 
 # Published configurations (from the keras-hub presets / model cards).
 _LLAMA3 = dict(vocabulary_size=128256, rope_max_wavelength=500000)
 PUBLISHED = {
-    "llama3-8b": ("Llama3Backbone", dict(_LLAMA3, num_layers=32, num_query_heads=32, num_key_value_heads=8, hidden_dim=4096, intermediate_dim=14336), "Llama 3 8B"),
-    "llama3-70b": ("Llama3Backbone", dict(_LLAMA3, num_layers=80, num_query_heads=64, num_key_value_heads=8, hidden_dim=8192, intermediate_dim=28672), "Llama 3 70B"),
+    "llama3-8b": (
+        "Llama3Backbone",
+        dict(
+            _LLAMA3, num_layers=32, num_query_heads=32, num_key_value_heads=8, hidden_dim=4096, intermediate_dim=14336
+        ),
+        "Llama 3 8B",
+    ),
+    "llama3-70b": (
+        "Llama3Backbone",
+        dict(
+            _LLAMA3, num_layers=80, num_query_heads=64, num_key_value_heads=8, hidden_dim=8192, intermediate_dim=28672
+        ),
+        "Llama 3 70B",
+    ),
     "llama3-405b": (
         "Llama3Backbone",
-        dict(_LLAMA3, num_layers=126, num_query_heads=128, num_key_value_heads=8, hidden_dim=16384, intermediate_dim=53248),
+        dict(
+            _LLAMA3,
+            num_layers=126,
+            num_query_heads=128,
+            num_key_value_heads=8,
+            hidden_dim=16384,
+            intermediate_dim=53248,
+        ),
         "Llama 3.1 405B",
     ),
     "mistral-7b": (
         "MistralBackbone",
-        dict(vocabulary_size=32000, num_layers=32, num_query_heads=32, num_key_value_heads=8, hidden_dim=4096, intermediate_dim=14336),
+        dict(
+            vocabulary_size=32000,
+            num_layers=32,
+            num_query_heads=32,
+            num_key_value_heads=8,
+            hidden_dim=4096,
+            intermediate_dim=14336,
+        ),
         "Mistral 7B",
     ),
     "mixtral-8x7b": (
         "MixtralBackbone",
-        dict(vocabulary_size=32000, num_layers=32, num_query_heads=32, num_key_value_heads=8, hidden_dim=4096, intermediate_dim=14336, num_experts=8, top_k=2),
+        dict(
+            vocabulary_size=32000,
+            num_layers=32,
+            num_query_heads=32,
+            num_key_value_heads=8,
+            hidden_dim=4096,
+            intermediate_dim=14336,
+            num_experts=8,
+            top_k=2,
+        ),
         "Mixtral 8x7B (mixture of 8 experts)",
     ),
     "qwen3-moe-30b": (
         "Qwen3MoeBackbone",
         dict(
-            vocabulary_size=151936, num_layers=48, num_query_heads=32, num_key_value_heads=4, head_dim=128, hidden_dim=2048,
-            intermediate_dim=6144, moe_intermediate_dim=768, num_experts=128, top_k=8,
+            vocabulary_size=151936,
+            num_layers=48,
+            num_query_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            hidden_dim=2048,
+            intermediate_dim=6144,
+            moe_intermediate_dim=768,
+            num_experts=128,
+            top_k=8,
         ),
         "Qwen3 30B-A3B (mixture of 128 experts)",
     ),
     "gemma-2b": (
         "GemmaBackbone",
-        dict(vocabulary_size=256000, num_layers=18, num_query_heads=8, num_key_value_heads=1, hidden_dim=2048, intermediate_dim=32768, head_dim=256),
+        dict(
+            vocabulary_size=256000,
+            num_layers=18,
+            num_query_heads=8,
+            num_key_value_heads=1,
+            hidden_dim=2048,
+            intermediate_dim=32768,
+            head_dim=256,
+        ),
         "Gemma 2B (multi-query attention)",
     ),
     "gemma-7b": (
         "GemmaBackbone",
-        dict(vocabulary_size=256000, num_layers=28, num_query_heads=16, num_key_value_heads=16, hidden_dim=3072, intermediate_dim=49152, head_dim=256),
+        dict(
+            vocabulary_size=256000,
+            num_layers=28,
+            num_query_heads=16,
+            num_key_value_heads=16,
+            hidden_dim=3072,
+            intermediate_dim=49152,
+            head_dim=256,
+        ),
         "Gemma 7B",
     ),
     "bert-base": (
@@ -199,7 +303,14 @@ PUBLISHED = {
     ),
     "gpt2-base": (
         "GPT2Backbone",
-        dict(vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072, max_sequence_length=1024),
+        dict(
+            vocabulary_size=50257,
+            num_layers=12,
+            num_heads=12,
+            hidden_dim=768,
+            intermediate_dim=3072,
+            max_sequence_length=1024,
+        ),
         "GPT-2 base",
     ),
     "vit-base": (

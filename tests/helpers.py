@@ -7,7 +7,9 @@ from kdist.demo import fit_steps
 from kdist.demo import random_mnist as random_images  # noqa: F401  (re-exported for the tests)
 
 
-def train_losses(build, distribution, x, y, *, steps, batch_size, loss="sparse_categorical_crossentropy", optimizer="adam"):
+def train_losses(
+    build, distribution, x, y, *, steps, batch_size, loss="sparse_categorical_crossentropy", optimizer="adam"
+):
     """Per-step losses of `build()` trained under `distribution` (None: one device), and the model."""
     keras.utils.set_random_seed(0)
 

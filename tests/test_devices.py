@@ -17,7 +17,9 @@ def test_same_count_again_is_a_no_op():
 
 
 def test_other_count_after_initialisation_says_how_to_fix():
-    with pytest.raises(FakeDevicesError, match=r"after JAX initialised with 8 cpu device\(s\).*before anything imports jax"):
+    with pytest.raises(
+        FakeDevicesError, match=r"after JAX initialised with 8 cpu device\(s\).*before anything imports jax"
+    ):
         kdist.fake_devices(4)
 
 

@@ -23,7 +23,14 @@ def test_one_tiny_entry_per_family():
 
 @pytest.mark.parametrize(
     "name, parameters",
-    [("llama3-8b", 8.03e9), ("llama3-70b", 70.55e9), ("mixtral-8x7b", 46.70e9), ("gemma-2b", 2.51e9), ("bert-base", 0.1095e9), ("qwen3-moe-30b", 30.53e9)],
+    [
+        ("llama3-8b", 8.03e9),
+        ("llama3-70b", 70.55e9),
+        ("mixtral-8x7b", 46.70e9),
+        ("gemma-2b", 2.51e9),
+        ("bert-base", 0.1095e9),
+        ("qwen3-moe-30b", 30.53e9),
+    ],
 )
 def test_published_configs_build_abstractly_with_their_parameter_counts(name, parameters):
     keras.backend.clear_session(free_memory=False)

@@ -28,7 +28,9 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"kdist {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--fake-devices", type=device_count, metavar="N",
+        "--fake-devices",
+        type=device_count,
+        metavar="N",
         help="run on N fake CPU devices (0: the machine's real devices). Default: as many as the command needs "
         "when no accelerator is installed",
     )
@@ -57,7 +59,7 @@ def main(argv=None):
 
 
 def choose_devices(args):
-    """Give JAX the fake CPU devices the command asks for: --fake-devices, else its default on a machine without accelerators."""
+    """Give JAX the fake devices asked for (--fake-devices), else the command's default without accelerators."""
     n = getattr(args, "fake_devices", None)
     if n is None and not os.environ.get(ENV_VAR) and not has_accelerator_plugin():
         default = getattr(args, "default_fake_devices", None)

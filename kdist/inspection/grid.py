@@ -38,7 +38,11 @@ class GridView:
 
     def slice_text(self, device):
         """The slice `device` holds, e.g. "[0:2, :, 4:8]"."""
-        return "[" + ", ".join(":" if (a, b) == (0, d) else f"{a}:{b}" for (a, b), d in zip(self.slices[device], self.shape)) + "]"
+        return (
+            "["
+            + ", ".join(":" if (a, b) == (0, d) else f"{a}:{b}" for (a, b), d in zip(self.slices[device], self.shape))
+            + "]"
+        )
 
     def __rich_console__(self, console, options):
         yield grid_table(self)
@@ -94,13 +98,17 @@ def grid_view(x, rows=None, cols=None, *, distribution=None, name=None):
             )
         mesh = DeviceGrid.from_jax(sharding.mesh)
         indices = sharding.devices_indices_map(tuple(x.shape))
-        slices = {device_name(d): tuple(s.indices(n)[:2] for s, n in zip(index, x.shape)) for d, index in indices.items()}
+        slices = {
+            device_name(d): tuple(s.indices(n)[:2] for s, n in zip(index, x.shape)) for d, index in indices.items()
+        }
         return _grid(path, tuple(x.shape), full_spec(tuple(sharding.spec), len(x.shape)), mesh, slices, rows, cols)
     if not hasattr(x, "shape") or not hasattr(x, "path"):
         raise ArgumentError(f"grid_view needs a jax.Array or a Keras variable; received {type(x).__name__}.")
     distribution = distribution if distribution is not None else keras.distribution.distribution()
     if distribution is None:
-        raise ArgumentError(f"grid_view received {path!r} without a value and no distribution: pass distribution=kdist.preset(...).")
+        raise ArgumentError(
+            f"grid_view received {path!r} without a value and no distribution: pass distribution=kdist.preset(...)."
+        )
     layout = distribution.get_variable_layout(x)
     spec = full_spec(layout_axes(layout), len(x.shape), x.path)
     return grid_from_layout(path, tuple(x.shape), spec, DeviceGrid.from_keras(distribution.device_mesh), rows, cols)
@@ -116,7 +124,9 @@ def grid_from_layout(path, shape, spec, mesh, rows=None, cols=None):
         start = np.minimum(mesh.shard_index(names) * chunk, d)
         starts.append(start)
         stops.append(np.minimum(start + chunk, d))
-    slices = {device: tuple((int(a[i]), int(b[i])) for a, b in zip(starts, stops)) for i, device in enumerate(mesh.devices)}
+    slices = {
+        device: tuple((int(a[i]), int(b[i])) for a, b in zip(starts, stops)) for i, device in enumerate(mesh.devices)
+    }
     return _grid(path, shape, spec, mesh, slices, rows, cols)
 
 
@@ -127,7 +137,17 @@ def _grid(path, shape, spec, mesh, slices, rows, cols):
     grid = np.transpose(mesh.grid, [mesh.axis_names.index(a) for a in order])
     grid = grid.reshape(math.prod(sizes[a] for a in row_axes), math.prod(sizes[a] for a in col_axes))
     cells = [[mesh.devices[i] for i in row] for row in grid]
-    return GridView(path, tuple(shape), tuple(spec), row_axes, col_axes, _labels(row_axes, sizes), _labels(col_axes, sizes), cells, slices)
+    return GridView(
+        path,
+        tuple(shape),
+        tuple(spec),
+        row_axes,
+        col_axes,
+        _labels(row_axes, sizes),
+        _labels(col_axes, sizes),
+        cells,
+        slices,
+    )
 
 
 def _grid_axes(names, rows, cols):
@@ -147,7 +167,8 @@ def _grid_axes(names, rows, cols):
         raise ArgumentError(
             f"rows={rows} and cols={cols} must share no axis and cover every mesh axis {list(names)}"
             + (f"; {sorted(overlap)} is in both" if overlap else "")
-            + (f"; {missing} is in neither" if missing else "") + "."
+            + (f"; {missing} is in neither" if missing else "")
+            + "."
         )
     return rows, cols
 

@@ -104,7 +104,8 @@ def _distribution(distribution):
         return build_preset(distribution)
     if not (hasattr(distribution, "get_variable_layout") and hasattr(distribution, "device_mesh")):
         raise ArgumentTypeError(
-            f"distribution must be a keras.distribution.Distribution or a kdist spec such as '2x4'; received {type(distribution).__name__}."
+            "distribution must be a keras.distribution.Distribution or a kdist spec such as '2x4'; received "
+            f"{type(distribution).__name__}."
         )
     return distribution
 
@@ -139,7 +140,11 @@ class _Layouts:
         """(source, rule, reason) of a variable found laid out as `spec`."""
         if self.distribution is None:
             if any(a is not None for a in spec):
-                return ("unknown", "", "no distribution given: pass the one the model was built under to see which rule")
+                return (
+                    "unknown",
+                    "",
+                    "no distribution given: pass the one the model was built under to see which rule",
+                )
             return ("default", "", "no distribution: replicated or on one device")
         if self.placer is not None:
             placement = self.placer.place(path, shape)
@@ -163,7 +168,9 @@ def _provenance(placement):
 
 def _live_report(variables, slots, layouts, planned):
     arrays = {id(v): array_of(v) for v, _ in variables}
-    devices = sorted({device_name(d) for a in arrays.values() if a is not None for d in a.sharding.device_set}, key=device_sort_key)
+    devices = sorted(
+        {device_name(d) for a in arrays.values() if a is not None for d in a.sharding.device_set}, key=device_sort_key
+    )
     mesh = _live_mesh(arrays.values(), layouts.distribution, devices)
     index = {d: i for i, d in enumerate(devices)}
     rows, by_path, pending = [], {}, []
@@ -172,7 +179,9 @@ def _live_report(variables, slots, layouts, planned):
             row = _live_row(v, arrays[id(v)], kind, index, layouts)
             reference = by_path.get(getattr(slots.get(id(v)), "path", None))
             if reference is not None and reference.spec == row.spec:  # a built slot: its reference's provenance
-                row = dataclasses.replace(row, source=reference.source, rule=reference.rule, reason=reference.reason, slot_of=reference.path)
+                row = dataclasses.replace(
+                    row, source=reference.source, rule=reference.rule, reason=reference.reason, slot_of=reference.path
+                )
             rows.append(row)
             by_path[v.path] = row
         else:
@@ -215,8 +224,16 @@ def _live_row(variable, value, kind, index, layouts):
     piece_shape = tuple(sharding.shard_shape(shape))
     num_shards = math.prod(-(-d // s) if s else 1 for d, s in zip(shape, piece_shape))
     return VariableReport(
-        variable.path, kind, shape, dtype_name(value.dtype), spec, piece_shape, len(sharding.device_set) // max(1, num_shards),
-        device_bytes, *layouts.provenance(variable.path, shape, spec), itemsize=element_bytes,
+        variable.path,
+        kind,
+        shape,
+        dtype_name(value.dtype),
+        spec,
+        piece_shape,
+        len(sharding.device_set) // max(1, num_shards),
+        device_bytes,
+        *layouts.provenance(variable.path, shape, spec),
+        itemsize=element_bytes,
     )
 
 
@@ -243,13 +260,17 @@ def _planned_row(variable, kind, layouts, mesh, index, cache=None):
     placed = cache.get(key) if cache is not None else None
     if placed is None:
         check_layout(variable.path, shape, spec, mesh.sizes)
-        device_bytes = np.full(len(index), math.prod(shard_shape(shape, spec, mesh.sizes)) * element_bytes, dtype=np.int64)
+        device_bytes = np.full(
+            len(index), math.prod(shard_shape(shape, spec, mesh.sizes)) * element_bytes, dtype=np.int64
+        )
         device_bytes.flags.writeable = False  # shared between rows of the same shape and layout
         placed = (shard_shape(shape, spec, mesh.sizes), replication(spec, mesh.sizes), device_bytes)
         if cache is not None:
             cache[key] = placed
     piece, copies, device_bytes = placed
-    return VariableReport(variable.path, kind, shape, dtype, spec, piece, copies, device_bytes, *provenance, itemsize=element_bytes)
+    return VariableReport(
+        variable.path, kind, shape, dtype, spec, piece, copies, device_bytes, *provenance, itemsize=element_bytes
+    )
 
 
 def _slot_row(variable, kind, slots, by_path):
@@ -286,7 +307,8 @@ def planned_optimizer(optimizer):
     """A fresh, unbuilt Keras optimizer from a name, config dict or instance; clear errors for anything else."""
     if not isinstance(optimizer, (str, dict, keras.optimizers.Optimizer)):
         raise ArgumentTypeError(
-            f"optimizer must be a name, a config dict or a keras.optimizers.Optimizer; received {type(optimizer).__name__}."
+            "optimizer must be a name, a config dict or a keras.optimizers.Optimizer; received "
+            f"{type(optimizer).__name__}."
         )
     try:
         return new_optimizer(optimizer)
@@ -295,4 +317,3 @@ def planned_optimizer(optimizer):
             f"Unknown optimizer {optimizer!r}: name a Keras optimizer (adam, adamw, sgd, rmsprop, "
             f"adagrad, adamax, nadam, lion, ...) or pass a keras.optimizers.Optimizer. Keras said: {e}"
         ) from None
-

@@ -171,9 +171,15 @@ class ShardingReport(Report):
     def grid(self, path, rows=None, cols=None):
         """A `GridView` of which slice of variable `path` each device holds (any rank)."""
         if self.mesh_grid is None:
-            raise ArgumentError("This report has no device mesh (single device or no NamedSharding): there is no grid to draw.")
+            raise ArgumentError(
+                "This report has no device mesh (single device or no NamedSharding): there is no grid to draw."
+            )
         v = self.variable(path)
-        mesh = DeviceGrid(ParallelDims.from_device_mesh(_Axes(tuple(self.mesh), tuple(self.mesh.values()))), list(self.devices), self.mesh_grid)
+        mesh = DeviceGrid(
+            ParallelDims.from_device_mesh(_Axes(tuple(self.mesh), tuple(self.mesh.values()))),
+            list(self.devices),
+            self.mesh_grid,
+        )
         return grid_from_layout(v.path, v.shape, v.spec, mesh, rows, cols)
 
     def to_dict(self):
@@ -195,10 +201,18 @@ class ShardingReport(Report):
         """One row per variable, with one bytes column per device."""
         return [
             {
-                "path": v.path, "kind": v.kind, "shape": "x".join(map(str, v.shape)), "dtype": v.dtype,
-                "spec": spec_text(v.spec, replicated="None"), "shard_shape": "x".join(map(str, v.shard_shape)),
-                "replication": v.replication, "nbytes": v.nbytes, "source": v.source, "rule": v.rule,
-                "reason": v.reason, "slot_of": v.slot_of,
+                "path": v.path,
+                "kind": v.kind,
+                "shape": "x".join(map(str, v.shape)),
+                "dtype": v.dtype,
+                "spec": spec_text(v.spec, replicated="None"),
+                "shard_shape": "x".join(map(str, v.shard_shape)),
+                "replication": v.replication,
+                "nbytes": v.nbytes,
+                "source": v.source,
+                "rule": v.rule,
+                "reason": v.reason,
+                "slot_of": v.slot_of,
                 **{f"bytes:{d}": int(b) for d, b in zip(self.devices, v.device_bytes)},
             }
             for v in self.variables

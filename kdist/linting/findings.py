@@ -19,7 +19,10 @@ CODES = {
     "KD204": ("insufficiently-sharded", "too large a share of parameter bytes is left replicated"),
     "KD205": ("lora-sharded", "a LoRA weight (lora_kernel_a/b) is sharded"),
     "KD206": ("fallback-replicated", "no candidate layout divides: the indivisible dimensions are replicated"),
-    "KD207": ("data-replicated", "large weights are replicated over the data axis, where an fsdp axis would split them"),
+    "KD207": (
+        "data-replicated",
+        "large weights are replicated over the data axis, where an fsdp axis would split them",
+    ),
     "KD301": ("shadowed-rule", "every variable a rule matches is taken by an earlier rule"),
     "KD302": ("fallback-layout", "a later candidate layout of the rule was used"),
     "KD303": ("missing-role", "a rule shards over a role the mesh does not have"),
@@ -50,7 +53,14 @@ class Finding:
         return CODES[self.code][0]
 
     def to_dict(self):
-        return {"code": self.code, "name": self.name, "severity": self.severity, "path": self.path, "rule": self.rule, "message": self.message}
+        return {
+            "code": self.code,
+            "name": self.name,
+            "severity": self.severity,
+            "path": self.path,
+            "rule": self.rule,
+            "message": self.message,
+        }
 
     def __str__(self):
         where = " ".join(f"{k}={v!r}" for k, v in (("path", self.path), ("rule", self.rule)) if v is not None)
@@ -70,9 +80,11 @@ def partial_match(regex, path):
 
 def partial_finding(pattern, paths):
     return Finding(
-        "KD202", WARNING,
+        "KD202",
+        WARNING,
         f"Rule {pattern!r} matches {len(paths)} variable(s) such as {paths[0]!r} only as a partial match "
         "(re.search/re.match, Keras < 3.14); Keras >= 3.14 and kdist match whole paths (re.fullmatch), so it now "
         f"matches nothing. Write it for the whole path, e.g. '.*{pattern}' or '(.*/)?{pattern}'.",
-        path=paths[0], rule=pattern,
+        path=paths[0],
+        rule=pattern,
     )

@@ -23,17 +23,23 @@ def lint_variables(obj):
     items = obj.variables if hasattr(obj, "variables") and not isinstance(obj, (list, tuple, dict)) else obj
     items = items.items() if isinstance(items, dict) else items
     if not hasattr(items, "__iter__"):
-        raise ArgumentTypeError(f"lint() needs a Keras model, its variables or (path, shape) tuples; received {type(obj).__name__}.")
+        raise ArgumentTypeError(
+            f"lint() needs a Keras model, its variables or (path, shape) tuples; received {type(obj).__name__}."
+        )
     out = []
     for item in items:
         if isinstance(item, tuple):
             if len(item) not in (2, 3):
-                raise ArgumentTypeError(f"A variable tuple is (path, shape) or (path, shape, dtype); received {item!r}.")
+                raise ArgumentTypeError(
+                    f"A variable tuple is (path, shape) or (path, shape, dtype); received {item!r}."
+                )
             path, shape, dtype = (*item, "float32") if len(item) == 2 else item
         elif hasattr(item, "path") and hasattr(item, "shape"):
             path, shape, dtype = item.path, item.shape, item.dtype
         else:
-            raise ArgumentTypeError(f"lint() received {type(item).__name__} {item!r} where a variable or (path, shape) was expected.")
+            raise ArgumentTypeError(
+                f"lint() received {type(item).__name__} {item!r} where a variable or (path, shape) was expected."
+            )
         shape = tuple(int(d) for d in shape)
         out.append(LintVariable(path, shape, math.prod(shape) * itemsize(dtype)))
     if not out:
@@ -46,7 +52,7 @@ def lint_variables(obj):
 
 
 def output_paths(obj):
-    """"<layer path>/output" for each layer: the paths Keras asks activation layouts for."""
+    """ "<layer path>/output" for each layer: the paths Keras asks activation layouts for."""
     return [f"{layer.path}/output" for layer in layers(obj) if getattr(layer, "path", None)]
 
 

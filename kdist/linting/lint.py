@@ -24,7 +24,7 @@ from kdist.keras_internals import layout_map_of
 from kdist.linting.findings import sort_key
 from kdist.linting.inputs import lint_mesh, lint_variables, output_paths
 from kdist.linting.layout_map_checks import LayoutMapChecker
-from kdist.linting.replication import replication_findings, summarize
+from kdist.linting.replication import data_axis_finding, replication_findings, summarize
 from kdist.linting.report import LintReport
 from kdist.linting.rule_checks import RuleSetChecker
 from kdist.rules.layout_map import LayoutMapRules
@@ -79,6 +79,7 @@ def lint(rules, model_or_variables, mesh=None, *, size_threshold=SIZE_THRESHOLD,
     findings, placements = checker.check(variables, output_paths(model_or_variables))
     summary, offenders = summarize(checker, variables, placements, size_threshold, top)
     findings += replication_findings(checker, summary, offenders, size_threshold, tolerance)
+    findings += data_axis_finding(checker, variables, size_threshold)
     findings.sort(key=sort_key)
     return LintReport(findings, summary, placements)
 

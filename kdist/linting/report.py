@@ -54,7 +54,12 @@ class LintReport(Report):
         return {s: len(self._of(s)) for s in SEVERITIES}
 
     def to_dict(self):
-        return {"ok": self.ok, "counts": self.counts(), "summary": self.summary, "findings": [f.to_dict() for f in self.findings]}
+        return {
+            "ok": self.ok,
+            "counts": self.counts(),
+            "summary": self.summary,
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
     def csv_rows(self):
         return [f.to_dict() for f in self.findings]
@@ -64,4 +69,5 @@ class LintReport(Report):
 
     def __repr__(self):
         c = self.counts()
-        return f"<LintReport ok={self.ok} errors={c[ERROR]} warnings={c[WARNING]} info={c[INFO]} rules={self.summary.get('rules')!r}>"
+        rules = self.summary.get("rules")
+        return f"<LintReport ok={self.ok} errors={c[ERROR]} warnings={c[WARNING]} info={c[INFO]} rules={rules!r}>"

@@ -46,5 +46,5 @@ def data_model_specs(devices):
 
 
 def spec_of(sizes):
-    """"data=2,model=4" from {"data": 2, "model": 4}."""
+    """ "data=2,model=4" from {"data": 2, "model": 4}."""
     return ",".join(f"{role}={size}" for role, size in sizes.items())

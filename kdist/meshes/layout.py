@@ -74,12 +74,15 @@ def check_layout(path, shape, spec, sizes):
     """Raise RuleError when `spec` names an axis the mesh lacks or splits a dimension unevenly."""
     unknown = unknown_axes(spec, sizes)
     if unknown:
-        raise RuleError(f"Variable {path!r} has layout {spec} naming mesh axis {unknown[0]!r}, which is not in the mesh {sizes}.")
+        raise RuleError(
+            f"Variable {path!r} has layout {spec} naming mesh axis {unknown[0]!r}, which is not in the mesh {sizes}."
+        )
     for i in indivisible(shape, spec, sizes):
         names = dim_axes(spec[i])
         k = math.prod(sizes[a] for a in names)
         raise RuleError(
-            f"Variable {path!r} of shape {tuple(shape)} has layout {spec}: dimension {i} ({shape[i]}) does not divide by "
+            f"Variable {path!r} of shape {tuple(shape)} has layout {spec}: dimension {i} ({shape[i]}) does not "
+            "divide by "
             f"{'x'.join(names)}={k}, so jax cannot place it. Replicate that dimension (None) or shard one that divides."
         )
 
@@ -104,7 +107,7 @@ def is_sharded(spec):
 
 
 def spec_text(spec, replicated="·"):
-    """"(·, model)" for terminals; `replicated="None"` gives "(None, model)" for files."""
+    """ "(·, model)" for terminals; `replicated="None"` gives "(None, model)" for files."""
     return "(" + ", ".join(replicated if a is None else "+".join(dim_axes(a)) for a in spec) + ")"
 
 

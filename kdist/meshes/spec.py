@@ -20,7 +20,7 @@ from kdist.meshes.roles import BATCH_ROLES, ROLES, Role, role_of_name
 SPEC_FORMS = (
     '"NxM" (data x model, e.g. "2x4"), "NxFxM" (data x fsdp x model), '
     '"dp", "tp", "fsdp", named axes such as "data=2,model=4" (one size may be '
-    '-1 to absorb the remaining devices; names: data, fsdp, model, expert), '
+    "-1 to absorb the remaining devices; names: data, fsdp, model, expert), "
     'or "auto"'
 )
 AUTO_NEEDS = (
@@ -146,7 +146,11 @@ class ParallelDims:
         names = self.axis_names
         if names is not None:
             names = tuple(names)
-            if len(names) != len(axes) or len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+            if (
+                len(names) != len(axes)
+                or len(set(names)) != len(names)
+                or not all(isinstance(n, str) and n for n in names)
+            ):
                 raise SpecError(
                     f"Mesh spec {self.spec!r} has axes {list(self.roles_of(axes))}, so axis_names needs "
                     f"{len(axes)} distinct names (non-empty strings); received axis_names={self.axis_names!r}."
@@ -259,7 +263,7 @@ class ParallelDims:
         return tuple(n for n, s, r in zip(self.names, self.shape, self.roles) if s > 1 and r != Role.DATA)
 
     def describe(self):
-        """"data=2, model=4"."""
+        """ "data=2, model=4"."""
         return ", ".join(f"{n}={s}" for n, s in zip(self.names, self.shape))
 
 

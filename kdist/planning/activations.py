@@ -43,12 +43,23 @@ def saved_activations(model, inputs):
                 op = node.operation
                 raw = (node.arguments.args, node.arguments.kwargs)
                 args = keras.tree.map_structure(lambda x: struct(x) if isinstance(x, KerasTensor) else x, raw)
-                tensors = [x for x in jax.tree.leaves(raw, is_leaf=lambda x: isinstance(x, KerasTensor)) if isinstance(x, KerasTensor)]
+                tensors = [
+                    x
+                    for x in jax.tree.leaves(raw, is_leaf=lambda x: isinstance(x, KerasTensor))
+                    if isinstance(x, KerasTensor)
+                ]
                 inputs_here = tuple(i for i, t in enumerate(tensors) if id(t) in aliases)
                 if inputs_here and type(op).__name__ in ("Flatten", "Reshape"):
                     aliases.update(id(t) for t in node.outputs)  # a view of the input batch, not a copy
-                variables = list(getattr(op, "trainable_variables", [])) + list(getattr(op, "non_trainable_variables", []))
-                key = (type(op).__name__, tuple((tuple(v.shape), str(v.dtype)) for v in variables), repr(args), inputs_here)
+                variables = list(getattr(op, "trainable_variables", [])) + list(
+                    getattr(op, "non_trainable_variables", [])
+                )
+                key = (
+                    type(op).__name__,
+                    tuple((tuple(v.shape), str(v.dtype)) for v in variables),
+                    repr(args),
+                    inputs_here,
+                )
                 counts[key] = counts.get(key, 0) + 1
                 if key not in cache:
                     cache[key] = _layer_residuals(op, variables, args, inputs_here)
@@ -91,7 +102,11 @@ def _loss_residuals(outputs):
     floats = [o for o in outputs if is_float(o.dtype) and len(o.shape) >= 2]
     if not floats:
         return []
-    return [_residual_key(aval) for aval, why in saved_residuals(loss, floats) if "from the argument" not in why and aval.shape]
+    return [
+        _residual_key(aval)
+        for aval, why in saved_residuals(loss, floats)
+        if "from the argument" not in why and aval.shape
+    ]
 
 
 def _residual_key(aval):

@@ -47,7 +47,8 @@ def preset(spec, *, devices=None, axis_names=None, rules=None, model=None, **pla
         spec = _auto_spec(model, devices, rules, plan_options)
     elif model is not None or plan_options:
         raise ArgumentError(
-            f"model= and plan options ({sorted(plan_options)}) are for kdist.preset(\"auto\", ...); received spec {spec!r}."
+            f'model= and plan options ({sorted(plan_options)}) are for kdist.preset("auto", ...); received spec '
+            f"{spec!r}."
         )
     return build_preset(spec, devices=devices, axis_names=axis_names, rules=rules)
 

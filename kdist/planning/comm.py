@@ -8,7 +8,9 @@ def communication(facts, rows, axes, local_batch, bandwidth, latency, scale):
     grads = [(r, r.bytes(scale) * r.count) for r in rows]
     d = axes.get("data", 1)
     if d > 1:
-        comm["data"] = collectives([("all-reduce", "gradients", sum(b for _, b in grads), _count(grads))], d, bandwidth, latency)
+        comm["data"] = collectives(
+            [("all-reduce", "gradients", sum(b for _, b in grads), _count(grads))], d, bandwidth, latency
+        )
     f = axes.get("fsdp", 1)
     if f > 1:
         on = [(r, b) for r, b in grads if r.split_over("fsdp")]
@@ -21,7 +23,9 @@ def communication(facts, rows, axes, local_batch, bandwidth, latency, scale):
                 ("reduce-scatter", "gradients", gathered, _count(on)),
                 ("all-reduce", "gradients of unsharded weights", sum(b for _, b in off), _count(off)),
             ],
-            f, bandwidth, latency,
+            f,
+            bandwidth,
+            latency,
         )
     for axis in ("model", "expert"):
         n = axes.get(axis, 1)

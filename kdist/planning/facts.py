@@ -14,7 +14,7 @@ from kdist.units import is_float, itemsize
 
 
 class ModelFacts:
-    """The model's variables (one representative per group laid out alike), its planned optimizer, inputs and residuals."""
+    """The model's variables (one per group laid out alike), its planned optimizer, inputs and residuals."""
 
     def __init__(self, model_or_variables, optimizer, dtype, sequence_length, rules):
         self.build = None
@@ -37,7 +37,10 @@ class ModelFacts:
         variables = _abstract_variables(model_or_variables)
         trainable = [v for v in variables if getattr(v, "trainable", True)]
         if not trainable:
-            raise ModelError(f"Model {self.name!r} has no trainable variables: build it (call it on an input or use keras.Input) before planning.")
+            raise ModelError(
+                f"Model {self.name!r} has no trainable variables: build it (call it on an input or use keras.Input) "
+                "before planning."
+            )
         self._placers = {}
         self.roles = self._roles(trainable)
         self.variables, self.counts = self._representatives(variables)
@@ -89,12 +92,18 @@ class ModelFacts:
             return [], 4
         residuals = saved_activations(self.model, self.inputs) if self.inputs is not None else None
         if residuals is None:
-            self.notes.append(f"activations not estimated: {self.name!r} is not a functional Keras model (no layer graph to trace)")
+            self.notes.append(
+                f"activations not estimated: {self.name!r} is not a functional Keras model (no layer graph to trace)"
+            )
             return [], 4
         outputs = _outputs(self.model)
-        act_itemsize = itemsize(self.dtype or (outputs[0].dtype if outputs else getattr(self.model, "compute_dtype", "float32")))
+        act_itemsize = itemsize(
+            self.dtype or (outputs[0].dtype if outputs else getattr(self.model, "compute_dtype", "float32"))
+        )
         if self.dtype is not None:
-            residuals = [(shape, act_itemsize if floating else size, count) for shape, size, count, floating in residuals]
+            residuals = [
+                (shape, act_itemsize if floating else size, count) for shape, size, count, floating in residuals
+            ]
         else:
             residuals = [(shape, size, count) for shape, size, count, _ in residuals]
         return residuals, act_itemsize
@@ -114,7 +123,9 @@ def _abstract_variables(model_or_variables):
     copies = []
     for v in variables:
         with deferred():
-            copy = keras.Variable(initializer="zeros", shape=tuple(v.shape), dtype=v.dtype, trainable=v.trainable, name=v.name)
+            copy = keras.Variable(
+                initializer="zeros", shape=tuple(v.shape), dtype=v.dtype, trainable=v.trainable, name=v.name
+            )
         set_path(copy, v.path)
         copies.append(copy)
     return copies
@@ -183,5 +194,7 @@ def check_dtype(dtype):
     except TypeError:
         ok = False
     if not ok:
-        raise ArgumentError(f"dtype must be a floating-point dtype such as 'bfloat16' or 'float32'; received dtype={dtype!r}.")
+        raise ArgumentError(
+            f"dtype must be a floating-point dtype such as 'bfloat16' or 'float32'; received dtype={dtype!r}."
+        )
     return dtype

@@ -50,7 +50,7 @@ class Candidate:
 
     @property
     def shape(self):
-        """"data x fsdp x model [x expert]" sizes, e.g. "2x1x4"."""
+        """ "data x fsdp x model [x expert]" sizes, e.g. "2x1x4"."""
         roles = ("data", "fsdp", "model", "expert") if "expert" in self.axes else ("data", "fsdp", "model")
         return "x".join(str(self.axes.get(r, 1)) for r in roles)
 
@@ -140,9 +140,18 @@ class Plan(Report):
 
     def csv_rows(self):
         return [
-            {"rank": c.rank, "spec": c.spec, "valid": c.valid, "fits": c.fits, **{t: getattr(c, t) for t in MEMORY_TERMS},
-             "peak": c.peak, "comm_seconds": c.comm_seconds, "comm_bytes": c.comm_bytes,
-             "compiled_peak": (c.compiled or {}).get("peak"), "reason": c.reason}
+            {
+                "rank": c.rank,
+                "spec": c.spec,
+                "valid": c.valid,
+                "fits": c.fits,
+                **{t: getattr(c, t) for t in MEMORY_TERMS},
+                "peak": c.peak,
+                "comm_seconds": c.comm_seconds,
+                "comm_bytes": c.comm_bytes,
+                "compiled_peak": (c.compiled or {}).get("peak"),
+                "reason": c.reason,
+            }
             for c in self.candidates
         ]
 
@@ -151,4 +160,5 @@ class Plan(Report):
 
     def __repr__(self):
         best = self.recommendation.spec if self.recommendation else None
-        return f"<Plan model={self.model!r} devices={self.devices} candidates={len(self.candidates)} recommendation={best!r}>"
+        n = len(self.candidates)
+        return f"<Plan model={self.model!r} devices={self.devices} candidates={n} recommendation={best!r}>"

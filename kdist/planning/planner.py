@@ -97,8 +97,17 @@ def plan(
     facts = ModelFacts(model_or_variables, optimizer, dtype, sequence_length, rules)
     candidates = [evaluate(facts, axes, batch_size, bandwidth, latency) for axes in meshes(devices, facts.roles)]
     result = Plan(
-        facts.name, devices, batch_size, facts.sequence_length, facts.optimizer_name, memory,
-        bandwidth, latency, candidates, notes=list(facts.notes), rules=rules,
+        facts.name,
+        devices,
+        batch_size,
+        facts.sequence_length,
+        facts.optimizer_name,
+        memory,
+        bandwidth,
+        latency,
+        candidates,
+        notes=list(facts.notes),
+        rules=rules,
     )
     rank(result, facts)
     if verify:
@@ -113,5 +122,7 @@ def _verify_option(verify):
     if isinstance(verify, bool):
         return verify
     if isinstance(verify, str) or not hasattr(verify, "__iter__") or not all(isinstance(s, str) for s in verify):
-        raise PlanError(f'verify must be True, False or a list of candidate specs such as ["data=8"]; received {verify!r}.')
+        raise PlanError(
+            f'verify must be True, False or a list of candidate specs such as ["data=8"]; received {verify!r}.'
+        )
     return set(verify)

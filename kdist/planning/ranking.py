@@ -7,7 +7,7 @@ from kdist.units import human_bytes, human_seconds
 
 
 def rank(result, facts):
-    """Order `result.candidates` (valid and fitting first, then least communication, then least memory) and recommend."""
+    """Order the candidates (valid and fitting first, then least communication, then memory) and recommend."""
     memory = result.memory_per_device
     for c in result.candidates:
         c.fits = None if memory is None else c.peak <= memory
@@ -32,9 +32,15 @@ def rank(result, facts):
 def _reason(best, fitting, memory):
     parts = []
     if memory is not None:
-        parts.append(f"fits {human_bytes(memory)} per device (peak {human_bytes(best.peak)}, {human_bytes(memory - best.peak)} free)")
+        parts.append(
+            f"fits {human_bytes(memory)} per device (peak {human_bytes(best.peak)}, "
+            f"{human_bytes(memory - best.peak)} free)"
+        )
     else:
-        parts.append(f"peak {human_bytes(best.peak)} per device (no memory_per_device given: every valid mesh counted as fitting)")
+        parts.append(
+            f"peak {human_bytes(best.peak)} per device (no memory_per_device given: every valid mesh counted as "
+            "fitting)"
+        )
     if len(fitting) > 1:
         runner = fitting[1]
         parts.append(
@@ -52,11 +58,14 @@ def _reason(best, fitting, memory):
 def _no_valid_mesh(result):
     reasons = sorted({c.reason for c in result.candidates if c.reason})
     n, b = result.devices, result.batch_size
-    suggestion = f"use a batch size divisible by {n}" if b % n else "use a device count the model's dimensions divide by"
+    suggestion = (
+        f"use a batch size divisible by {n}" if b % n else "use a device count the model's dimensions divide by"
+    )
     return (
         f"No mesh of {n} devices is valid for {result.model!r} with batch size {b}: "
         + "; ".join(reasons)
-        + f". To plan: {suggestion} (e.g. batch_size={n * max(1, -(-b // n))}), or a device count that divides the batch."
+        + f". To plan: {suggestion} (e.g. batch_size={n * max(1, -(-b // n))}), or a device count that divides the "
+        "batch."
     )
 
 
@@ -65,8 +74,10 @@ def _nothing_fits(result, facts, valid):
     memory = result.memory_per_device
     state = smallest.peak - smallest.activations
     text = (
-        f"No candidate fits {human_bytes(memory)} per device. The smallest per-device requirement is {human_bytes(smallest.peak)} "
-        f"({smallest.spec}: weights {human_bytes(smallest.weights)}, gradients {human_bytes(smallest.gradients)}, optimizer "
+        f"No candidate fits {human_bytes(memory)} per device. The smallest per-device requirement is "
+        f"{human_bytes(smallest.peak)} "
+        f"({smallest.spec}: weights {human_bytes(smallest.weights)}, gradients {human_bytes(smallest.gradients)}, "
+        "optimizer "
         f"{human_bytes(smallest.optimizer)}, activations {human_bytes(smallest.activations)}, transient buffers "
         f"{human_bytes(smallest.transient)})."
     )
@@ -83,7 +94,8 @@ def _nothing_fits(result, facts, valid):
         if state > memory:
             smaller = " or a smaller dtype (dtype='bfloat16')" if facts.act_itemsize > 2 else ""
             return text + (
-                f" Without activations it still needs {human_bytes(state)} (weights, gradients, optimizer state and transient "
+                f" Without activations it still needs {human_bytes(state)} (weights, gradients, optimizer state and "
+                "transient "
                 f"buffers), and more devices (doubling from {result.devices}) do not bring it under the budget: "
                 f"shard more of the model (rules), rematerialise, or use a different optimizer{smaller}."
             )

@@ -22,11 +22,14 @@ def verify(result, facts, specs=None, progress=None):
     if jax.device_count() < n:
         raise PlanError(
             f"verify=True compiles on {n} devices, but JAX has {jax.device_count()}. Call "
-            f"kdist.fake_devices({n}) before importing jax or keras, or run `kdist plan ... --verify --fake-devices {n}`."
+            f"kdist.fake_devices({n}) before importing jax or keras, or run `kdist plan ... --verify --fake-devices "
+            f"{n}`."
         )
     unknown = (specs or set()) - {c.spec for c in result.candidates} - {c.shape for c in result.candidates}
     if unknown:
-        raise PlanError(f"verify names {sorted(unknown)}, which are not candidates: {[c.spec for c in result.candidates]}.")
+        raise PlanError(
+            f"verify names {sorted(unknown)}, which are not candidates: {[c.spec for c in result.candidates]}."
+        )
     for c in result.candidates:
         if c.valid and (specs is None or c.spec in specs or c.shape in specs):
             if progress is not None:
@@ -44,15 +47,20 @@ def compiled_memory(facts, candidate, batch_size):
     (on fake CPU devices the figure is a CPU proxy of an accelerator's).
     """
     if facts.optimizer is None:
-        raise PlanError("verify=True compiles a training step, which needs an optimizer: pass optimizer='adam' (or another).")
-    dist = build_preset(candidate.spec, devices=jax.devices()[: math.prod(candidate.axes.values())], rules=facts.rules_arg)
+        raise PlanError(
+            "verify=True compiles a training step, which needs an optimizer: pass optimizer='adam' (or another)."
+        )
+    dist = build_preset(
+        candidate.spec, devices=jax.devices()[: math.prod(candidate.axes.values())], rules=facts.rules_arg
+    )
     mesh = dist.device_mesh.backend_mesh
     clone = _rebuild(facts)
     x = keras.tree.map_structure(lambda s: jax.ShapeDtypeStruct((batch_size, *s.shape[1:]), s.dtype), facts.inputs)
     outputs = keras.tree.map_structure(lambda t: t, output_struct(clone))
     seq = facts.sequence_length or 1
     y = keras.tree.map_structure(
-        lambda t: jax.ShapeDtypeStruct((batch_size, *(seq if d is None else d for d in t.shape[1:-1])), "int32"), outputs
+        lambda t: jax.ShapeDtypeStruct((batch_size, *(seq if d is None else d for d in t.shape[1:-1])), "int32"),
+        outputs,
     )
     loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
     optimizer = planned_optimizer(facts.optimizer)  # its scalars hold values: made outside the deferred scope
@@ -63,9 +71,16 @@ def compiled_memory(facts, candidate, batch_size):
     specs = {r.path: r.spec for r in inspect(clone, dist).variables}
 
     def sharded(v):
-        return jax.ShapeDtypeStruct(tuple(v.shape), v.dtype, sharding=NamedSharding(mesh, PartitionSpec(*specs[v.path])))
+        return jax.ShapeDtypeStruct(
+            tuple(v.shape), v.dtype, sharding=NamedSharding(mesh, PartitionSpec(*specs[v.path]))
+        )
 
-    groups = (clone.trainable_variables, clone.non_trainable_variables, clone.optimizer.variables, clone.metrics_variables)
+    groups = (
+        clone.trainable_variables,
+        clone.non_trainable_variables,
+        clone.optimizer.variables,
+        clone.metrics_variables,
+    )
     state = tuple([sharded(v) for v in group] for group in groups)
 
     def data_struct(s):
@@ -78,7 +93,9 @@ def compiled_memory(facts, candidate, batch_size):
     # "peak" is XLA's total, argument + output - alias + temp: every buffer of the step counted
     # once (the CPU backend's peak_memory_in_bytes leaves temporaries out, so it is not used).
     return {
-        **{k: memory[k] for k in MEMORY_FIELDS}, "xla_peak_memory": memory.get("peak") or 0, "peak": memory["total"],
+        **{k: memory[k] for k in MEMORY_FIELDS},
+        "xla_peak_memory": memory.get("peak") or 0,
+        "peak": memory["total"],
         "backend": jax.devices()[0].platform,
     }
 
@@ -93,6 +110,7 @@ def _rebuild(facts):
             return model.__class__.from_config(model.get_config())
     except Exception as e:  # any failure of a user's get_config/from_config: say what to pass instead
         raise PlanError(
-            f"verify=True rebuilds the model for each mesh, and {model.name!r} cannot be rebuilt from its config ({e}). "
+            f"verify=True rebuilds the model for each mesh, and {model.name!r} cannot be rebuilt from its config "
+            f"({e}). "
             "Pass the function that builds it instead of the model: kdist.plan(build_fn, ...)."
         ) from None

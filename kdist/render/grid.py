@@ -9,8 +9,14 @@ from kdist.render.html import html_table
 
 _SLICE_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
 _HTML_COLOURS = {
-    "cyan": "#d0f0f8", "magenta": "#f4d8f4", "green": "#d8f4d8", "yellow": "#f8f4c8", "blue": "#d8e0f8",
-    "red": "#f8d8d8", "bright_cyan": "#c0f8f8", "bright_magenta": "#f8c8f8",
+    "cyan": "#d0f0f8",
+    "magenta": "#f4d8f4",
+    "green": "#d8f4d8",
+    "yellow": "#f8f4c8",
+    "blue": "#d8e0f8",
+    "red": "#f8d8d8",
+    "bright_cyan": "#c0f8f8",
+    "bright_magenta": "#f8c8f8",
 }
 
 
@@ -38,13 +44,18 @@ def grid_table(view):
 def grid_html(view):
     styles = _slice_styles(view)
     corner = ",".join(view.row_axes) + " \\ " + ",".join(view.col_axes)
-    rows = [[(label, "font-weight:bold"), *((f"{d} {view.slice_text(d)}", f"background:{_HTML_COLOURS[styles[d]]}") for d in row)]
-            for label, row in zip(view.row_labels, view.cells)]
+    rows = [
+        [
+            (label, "font-weight:bold"),
+            *((f"{d} {view.slice_text(d)}", f"background:{_HTML_COLOURS[styles[d]]}") for d in row),
+        ]
+        for label, row in zip(view.row_labels, view.cells)
+    ]
     return html_table([corner, *view.col_labels], rows, title(view))
 
 
 def _coords(label):
-    """"model=3" -> "3", "fsdp=0,model=1" -> "0,1" (the corner cell names the axes)."""
+    """ "model=3" -> "3", "fsdp=0,model=1" -> "0,1" (the corner cell names the axes)."""
     return ",".join(part.partition("=")[2] for part in label.split(",")) if label else label
 
 

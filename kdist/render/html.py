@@ -11,7 +11,9 @@ def html_table(header, rows, caption=""):
     out = ["<table style='border-collapse:collapse;font-size:90%'>"]
     if caption:
         out.append(f"<caption style='text-align:left;font-weight:bold'>{html.escape(caption)}</caption>")
-    out.append("<tr>" + "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in header) + "</tr>")
+    out.append(
+        "<tr>" + "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in header) + "</tr>"
+    )
     for row in rows:
         cells = []
         for cell in row:

@@ -42,7 +42,7 @@ def layer_groups(report):
     for v in report.variables:
         if v.slot_of and v.slot_of in paths:
             continue
-        path = v.path[len(prefix):] if prefix and v.path.startswith(prefix) else v.path
+        path = v.path[len(prefix) :] if prefix and v.path.startswith(prefix) else v.path
         layer = path.partition("/")[0] if "/" in path else "(model)"
         rows = groups.setdefault(layer, [])
         rows.append((v.path, v))
@@ -52,10 +52,10 @@ def layer_groups(report):
 
 
 def slot_name(slot):
-    """"momentum" for "adam/mlp_d1_kernel_momentum" (a slot of "mlp/d1/kernel")."""
+    """ "momentum" for "adam/mlp_d1_kernel_momentum" (a slot of "mlp/d1/kernel")."""
     rest = slot.path.partition("/")[2]
     key = slot.slot_of.replace("/", "_") + "_"
-    return rest[len(key):] if rest.startswith(key) else slot.path
+    return rest[len(key) :] if rest.startswith(key) else slot.path
 
 
 class Notes:
@@ -70,7 +70,9 @@ class Notes:
         parts = []
         if v.rule:
             parts.append("R" + str(self.rules.setdefault(v.rule, len(self.rules) + 1)))
-        if v.source in ("fallback", "fsdp", "explicit", "layout_map", "unknown", "preset") or (v.source == "default" and not v.rule):
+        if v.source in ("fallback", "fsdp", "explicit", "layout_map", "unknown", "preset") or (
+            v.source == "default" and not v.rule
+        ):
             parts.append({"fallback": "fb", "layout_map": "map"}.get(v.source, v.source))
         if v.reason and v.source not in ("default", "preset", "layout_map"):
             parts.append("N" + str(self.reasons.setdefault(v.reason, len(self.reasons) + 1)))
@@ -105,8 +107,14 @@ def variables_block(report, limit=40, notes=None, width=80):
                 hidden_rows += 1
                 continue
             shown += 1
-            cells = [shape_text(v.shape), spec_text(v.spec), shape_text(v.shard_shape), str(v.replication),
-                     human_bytes(v.device_bytes.max(initial=0)), notes.source(v)]
+            cells = [
+                shape_text(v.shape),
+                spec_text(v.spec),
+                shape_text(v.shard_shape),
+                str(v.replication),
+                human_bytes(v.device_bytes.max(initial=0)),
+                notes.source(v),
+            ]
             lines.append(("row", label, cells))
     opt = f", {report.optimizer} state" if report.optimizer else ""
     text = Text(f"{len(report.variables)} variables{opt} by layer, largest first ({report.source})", style="italic")
@@ -155,7 +163,11 @@ def devices_table(report, max_rows=16):
     for kind in KINDS:
         t.add_column({"non_trainable": "non-train", "metric": "metrics"}.get(kind, kind), justify="right", no_wrap=True)
     t.add_column("total", justify="right", no_wrap=True, style="bold")
-    columns = np.stack([report.device_bytes(k) for k in KINDS] + [report.device_bytes()], axis=1) if report.devices else np.zeros((0, len(KINDS) + 1))
+    columns = (
+        np.stack([report.device_bytes(k) for k in KINDS] + [report.device_bytes()], axis=1)
+        if report.devices
+        else np.zeros((0, len(KINDS) + 1))
+    )
     for label, values in device_runs(report.devices, columns, collapse=len(report.devices) > max_rows):
         t.add_row(Text(label), *(human_bytes(b) for b in values))
     return t
@@ -196,22 +208,39 @@ def report_html(report, limit=200):
         if shown >= limit:
             break
         per_device = np.sum([v.device_bytes for _, v in group], axis=0).max(initial=0)
-        rows.append([(layer, "font-weight:bold"), "", "", "", "", "", (human_bytes(per_device), "font-weight:bold"), ""])
+        rows.append(
+            [(layer, "font-weight:bold"), "", "", "", "", "", (human_bytes(per_device), "font-weight:bold"), ""]
+        )
         for label, v in group[: max(0, limit - shown)]:
             shown += 1
-            rows.append([(label, "padding-left:" + ("32px" if v.slot_of else "20px")), v.kind, shape_text(v.shape),
-                         spec_text(v.spec), shape_text(v.shard_shape), v.replication,
-                         human_bytes(v.device_bytes.max(initial=0)), v.provenance])
+            rows.append(
+                [
+                    (label, "padding-left:" + ("32px" if v.slot_of else "20px")),
+                    v.kind,
+                    shape_text(v.shape),
+                    spec_text(v.spec),
+                    shape_text(v.shard_shape),
+                    v.replication,
+                    human_bytes(v.device_bytes.max(initial=0)),
+                    v.provenance,
+                ]
+            )
     opt = f", {report.optimizer} state" if report.optimizer else ""
     caption = f"{len(report.variables)} variables{opt} by layer, largest first ({report.source}; {shown} shown)"
-    parts = [html_table(["variable", "kind", "shape", "layout", "shard", "copies", "bytes/device", "layout from"], rows, caption)]
+    parts = [
+        html_table(
+            ["variable", "kind", "shape", "layout", "shard", "copies", "bytes/device", "layout from"], rows, caption
+        )
+    ]
     per_kind = [report.device_bytes(k) for k in KINDS]
     totals = report.device_bytes()
     mesh = ", ".join(f"{k}={v}" for k, v in report.mesh.items())
-    parts.append(html_table(
-        ["device", *KINDS, "total"],
-        [[d, *(human_bytes(p[i]) for p in per_kind), human_bytes(totals[i])] for i, d in enumerate(report.devices)],
-        f"Memory per device (mesh {mesh})",
-    ))
+    parts.append(
+        html_table(
+            ["device", *KINDS, "total"],
+            [[d, *(human_bytes(p[i]) for p in per_kind), human_bytes(totals[i])] for i, d in enumerate(report.devices)],
+            f"Memory per device (mesh {mesh})",
+        )
+    )
     parts.append(paragraph(summary_lines(report)))
     return "<div>" + "".join(parts) + "</div>"

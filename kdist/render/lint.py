@@ -30,7 +30,9 @@ def lint_renderables(report, width=80, per_group=3):
             yield _finding(f)
         if len(group) > per_group:
             more = len(group) - per_group
-            yield Text(f"  ... and {more} more {code} finding(s) for rule {rule!r} (see to_json() or --json)", style="dim")
+            yield Text(
+                f"  ... and {more} more {code} finding(s) for rule {rule!r} (see to_json() or --json)", style="dim"
+            )
 
 
 def _finding(f):

@@ -27,8 +27,12 @@ class Steps:
     def __enter__(self):
         if self.enabled and self.console.is_terminal:
             self._bar = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=self.console, transient=True,
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
             )
             self._bar.__enter__()
             self._task = self._bar.add_task(self.title, total=self.total)
@@ -44,7 +48,9 @@ class Steps:
             self._bar.update(self._task, description=f"{self.title}: {text}")
         elif self.enabled:
             elapsed = time.perf_counter() - self.start
-            self.console.print(f"{self.title} [{self.done + 1}/{self.total}, {elapsed:.0f} s]: {text}", highlight=False, markup=False)
+            self.console.print(
+                f"{self.title} [{self.done + 1}/{self.total}, {elapsed:.0f} s]: {text}", highlight=False, markup=False
+            )
 
     def advance(self):
         self.done += 1
@@ -64,4 +70,3 @@ def steps(title, total, console=None, enabled=True):
     """`with steps("sweep", 7) as progress: progress.update("2x4: compiling"); progress.advance()`."""
     with Steps(title, total, console, enabled and total > 0) as progress:
         yield progress
-

@@ -1,4 +1,4 @@
-"""Reshard results (`kdist.reshard`, `kdist.plan_reshape`): what moves, from which layout to which, and bytes per device."""
+"""Reshard results (`kdist.reshard`, `kdist.plan_reshape`): what moves where, and bytes per device."""
 
 import numpy as np
 from rich.text import Text
@@ -11,7 +11,8 @@ def reshard_renderables(result, width=80, max_rows=16):
     verb = "would move" if result.dry_run else "moved"
     yield Text(
         f"reshard to {result.describe_target()}: {verb} {result.count} of {len(result.variables)} variables, "
-        f"{human_bytes(result.bytes)} received", style="bold",
+        f"{human_bytes(result.bytes)} received",
+        style="bold",
     )
     moved = sorted(result.moved, key=lambda v: (-int(v.device_bytes.sum()), v.path))
     if moved:
@@ -20,7 +21,8 @@ def reshard_renderables(result, width=80, max_rows=16):
             text.append(("\n" if i else "") + v.path)
             text.append(
                 f"\n    {v.kind}, {'×'.join(map(str, v.shape))}: {pieces_text(v.source, v.source_pieces)} → "
-                f"{pieces_text(v.target, v.target_pieces)}, {human_bytes(int(v.device_bytes.sum()))} received", style="dim",
+                f"{pieces_text(v.target, v.target_pieces)}, {human_bytes(int(v.device_bytes.sum()))} received",
+                style="dim",
             )
         yield text
     t = table(title="bytes received per device")

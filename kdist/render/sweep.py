@@ -9,12 +9,14 @@ _COMPACT = ("mesh", "step ms", "samples/s", "XLA mem", "weights+opt", "loss", "v
 
 
 def sweep_renderables(result, width=None):
-    """Rich renderables of a sweep: the table, failures, loss agreement, the sweep's overhead and, on CPU, what times mean."""
+    """A sweep's table, failures, loss agreement, the sweep's overhead and, on CPU, what times mean."""
     yield sweep_table(result, width)
     for r in result.failed_rows:
         yield Text.assemble((f"{r.mesh} failed ({r.failure_stage}): ", "bold red"), str(r.failure))
     if len(result.ok_rows) > 1:
-        yield Text(f"Losses of all {len(result.ok_rows)} shapes agree to {result.loss_spread:.1e} (relative, every step).")
+        yield Text(
+            f"Losses of all {len(result.ok_rows)} shapes agree to {result.loss_spread:.1e} (relative, every step)."
+        )
     o = result.overhead
     yield Text(
         f"Sweep wall time {o['wall_s']:.1f} s, of which {o['measured_s']:.3f} s in measured steps: "
@@ -42,7 +44,11 @@ def sweep_table(result, width=None):
     for r in result.rows:
         if not r.ok:
             failed = f"[red]failed ({r.failure_stage})[/]"
-            cells = {"mesh": r.mesh, "notes": failed} if "notes" in columns else {"mesh": r.mesh, "step ms": "[red]failed[/]"}
+            cells = (
+                {"mesh": r.mesh, "notes": failed}
+                if "notes" in columns
+                else {"mesh": r.mesh, "step ms": "[red]failed[/]"}
+            )
             t.add_row(*(cells.get(c, "-") for c in columns))
             continue
         memory = r.memory.get("total")

@@ -32,13 +32,17 @@ def table(title=None, caption=None, **kwargs):
 
 
 def device_runs(devices, columns, collapse):
-    """(label, values) per device; with `collapse`, consecutive devices with equal values share a row ("cpu:0…7 (8)")."""
+    """(label, values) per device; with `collapse`, consecutive equal devices share a row ("cpu:0…7 (8)")."""
     if not collapse:
         return [(d, columns[i]) for i, d in enumerate(devices)]
     runs, start = [], 0
     for i in range(1, len(devices) + 1):
         if i == len(devices) or not np.array_equal(columns[i], columns[start]):
-            label = devices[start] if i - start == 1 else f"{devices[start]}…{devices[i - 1].rpartition(':')[2]} ({i - start})"
+            label = (
+                devices[start]
+                if i - start == 1
+                else f"{devices[start]}…{devices[i - 1].rpartition(':')[2]} ({i - start})"
+            )
             runs.append((label, columns[start]))
             start = i
     return runs

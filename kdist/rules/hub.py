@@ -70,7 +70,9 @@ def mlp(up, down):
 def experts(scope, up, down, router):
     """Rules for mixture-of-experts weights (experts, in, out) and their router."""
     return [
-        _rule(f"{scope}/{up}", EXPERT_COLUMN, "MoE up/gate: experts on 'expert' (else 'model'), inner features on 'model'"),
+        _rule(
+            f"{scope}/{up}", EXPERT_COLUMN, "MoE up/gate: experts on 'expert' (else 'model'), inner features on 'model'"
+        ),
         _rule(f"{scope}/{down}", EXPERT_ROW, "MoE down: experts on 'expert' (else 'model'), inner features on 'model'"),
         _rule(f"{router}/kernel", REPLICATED, "MoE router: replicated (small; every token scores every expert)"),
     ]
@@ -84,7 +86,9 @@ LORA = replicated(r"[^/]+/lora_kernel_[ab]", "LoRA adapters: replicated (lora=Tr
 NORMS = replicated(r"[^/]*(norm|ln)[^/]*/(scale|gamma|beta|weight)", "normalization: replicated")
 BIASES = replicated(r"([^/]+_)?bias", "biases: replicated")
 TOKENS = [
-    _rule("token_embedding/embeddings", VOCAB, "token embedding: vocabulary on 'model' (hidden when it does not divide)"),
+    _rule(
+        "token_embedding/embeddings", VOCAB, "token embedding: vocabulary on 'model' (hidden when it does not divide)"
+    ),
     _rule("token_embedding/reverse_embeddings", VOCAB_OUT, "untied output embedding: vocabulary on 'model'"),
 ]
 TABLES = _rule(r"[^/]*(position|segment)_embedding/embeddings", FEATURES, "position/segment table: hidden on 'model'")
@@ -102,7 +106,9 @@ GEMMA = [
     *mlp(r"decoder_block_\d+/ffw_gating(_2)?", r"decoder_block_\d+/ffw_linear"),
 ]
 VIT_BLOCK = attention(r"transformer_block_\d+/mha")
-PATCHES = _rule(r"[^/]*patch_embeddings?(/projection)?/kernel", FEATURES, "patch convolution: output features on 'model'")
+PATCHES = _rule(
+    r"[^/]*patch_embeddings?(/projection)?/kernel", FEATURES, "patch convolution: output features on 'model'"
+)
 VISION_TOKENS = _rule(
     r"[^/]*embeddings?/(class_token|distillation_token|position_embedding|class_embedding|cls_token|mask_token|"
     r"position_embeddings|interpolated_position_embeddings)",
@@ -110,7 +116,10 @@ VISION_TOKENS = _rule(
     "class/position tokens: hidden on 'model'",
 )
 POSITION_IDS = replicated(r"embedding/position_ids", "position ids: an integer buffer, replicated")
-CLIP_BLOCK = [*attention(r"encoder_block_\d+/attention"), *mlp(r"encoder_block_\d+/dense_1", r"encoder_block_\d+/dense_2")]
+CLIP_BLOCK = [
+    *attention(r"encoder_block_\d+/attention"),
+    *mlp(r"encoder_block_\d+/dense_1", r"encoder_block_\d+/dense_2"),
+]
 SIGLIP_BLOCK = [
     *attention(r"(encoder_block_\d+/self_attn|head/attention)"),
     *mlp(r"(encoder_block_\d+|head)/mlp/fc1", r"(encoder_block_\d+|head)/mlp/fc2"),
@@ -179,24 +188,40 @@ FAMILIES = {
         *TOKENS,
         *LLAMA_ATTENTION,
         replicated(r"self_attention/sinks", "attention sinks: one scalar per head, replicated"),
-        *experts(r"sparse_moe_block(_\d+)?/experts", "gate_up_proj", "down_proj", r"sparse_moe_block(_\d+)?/router/router_dense"),
+        *experts(
+            r"sparse_moe_block(_\d+)?/experts",
+            "gate_up_proj",
+            "down_proj",
+            r"sparse_moe_block(_\d+)?/router/router_dense",
+        ),
     ),
     "gemma": _family("gemma", *TOKENS, *GEMMA),
     "gemma2": _family("gemma2", *TOKENS, *GEMMA),
     "gemma3": _family("gemma3", *TOKENS, *GEMMA),
     "gpt2": _family("gpt2", *TOKENS, *LLAMA, TABLES),
     "opt": _family("opt", *TOKENS, *LLAMA, TABLES),
-    "gpt_neox": _family("gpt_neox", *TOKENS, *attention(r"transformer_layer_\d+/self_attention", names=("query_key_value",)), *FEEDFORWARD),
+    "gpt_neox": _family(
+        "gpt_neox",
+        *TOKENS,
+        *attention(r"transformer_layer_\d+/self_attention", names=("query_key_value",)),
+        *FEEDFORWARD,
+    ),
     "falcon": _family(
         "falcon",
         *TOKENS,
-        *attention(r"transformer_layer_\d+/attention", names=("query_dense", "key_dense", "value_dense"), output="output_dense"),
+        *attention(
+            r"transformer_layer_\d+/attention", names=("query_dense", "key_dense", "value_dense"), output="output_dense"
+        ),
         *mlp(r"transformer_layer_\d+/dense_h_to_4h", r"transformer_layer_\d+/dense_4h_to_h"),
     ),
     "bloom": _family(
         "bloom",
         *TOKENS,
-        *attention(r"transformer_layer_\d+/self_attention", names=("query_dense", "key_dense", "value_dense"), output="output_dense"),
+        *attention(
+            r"transformer_layer_\d+/self_attention",
+            names=("query_dense", "key_dense", "value_dense"),
+            output="output_dense",
+        ),
         *mlp(r"transformer_layer_\d+/mlp_intermediate_dense", r"transformer_layer_\d+/mlp_output_dense"),
     ),
     "bert": _family("bert", *TOKENS, *BERT),
@@ -205,7 +230,12 @@ FAMILIES = {
     "distil_bert": _family("distil_bert", *TOKENS, *BERT),
     "electra": _family("electra", *TOKENS, *BERT, EMBEDDING_PROJECTION),
     "albert": _family("albert", *TOKENS, *BERT, EMBEDDING_PROJECTION),
-    "deberta_v3": _family("deberta_v3", *TOKENS, *BERT, _rule(r"rel_embedding/rel_embedding", FEATURES, "relative position table: hidden on 'model'")),
+    "deberta_v3": _family(
+        "deberta_v3",
+        *TOKENS,
+        *BERT,
+        _rule(r"rel_embedding/rel_embedding", FEATURES, "relative position table: hidden on 'model'"),
+    ),
     "f_net": _family(
         "f_net",
         *TOKENS,
@@ -220,19 +250,57 @@ FAMILIES = {
         *TOKENS,
         *BERT,
         *DECODER_ATTENTION,
-        _rule(r"encoder_token_embedding_conv_layer_\d+/kernel", FEATURES, "audio convolution: output features on 'model'"),
+        _rule(
+            r"encoder_token_embedding_conv_layer_\d+/kernel", FEATURES, "audio convolution: output features on 'model'"
+        ),
     ),
     "t5": _family(
         "t5",
         *TOKENS,
-        *attention(r"(self_attention|cross_attention)", ("query_projector", "key_projector", "value_projector"), "output_projector"),
-        _rule(r"self_attention/embeddings", [(None, "model")], "relative attention bias (buckets, heads): heads on 'model'"),
-        *mlp(r"transformer_(encoder|decoder)_layer_\d+/(input|gate)_projector", r"transformer_(encoder|decoder)_layer_\d+/output_projector"),
+        *attention(
+            r"(self_attention|cross_attention)",
+            ("query_projector", "key_projector", "value_projector"),
+            "output_projector",
+        ),
+        _rule(
+            r"self_attention/embeddings",
+            [(None, "model")],
+            "relative attention bias (buckets, heads): heads on 'model'",
+        ),
+        *mlp(
+            r"transformer_(encoder|decoder)_layer_\d+/(input|gate)_projector",
+            r"transformer_(encoder|decoder)_layer_\d+/output_projector",
+        ),
     ),
-    "roformer_v2": _family("roformer_v2", *TOKENS, TABLES, *attention("attention_layer", ("q_dense_layer", "k_dense_layer", "v_dense_layer"), "o_dense_layer"), *FEEDFORWARD),
-    "esm": _family("esm", *TOKENS, TABLES, *attention("attention_layer", ("q_dense_layer", "k_dense_layer", "v_dense_layer"), "o_dense_layer"), *FEEDFORWARD),
-    "vit": _family("vit", PATCHES, VISION_TOKENS, TABLES, *VIT_BLOCK, *mlp(r"transformer_block_\d+/mlp/dense_1", r"transformer_block_\d+/mlp/dense_2")),
-    "deit": _family("deit", PATCHES, VISION_TOKENS, *VIT_BLOCK, *mlp(r"transformer_block_\d+/mlp/dense", r"transformer_block_\d+/output_layer/output")),
+    "roformer_v2": _family(
+        "roformer_v2",
+        *TOKENS,
+        TABLES,
+        *attention("attention_layer", ("q_dense_layer", "k_dense_layer", "v_dense_layer"), "o_dense_layer"),
+        *FEEDFORWARD,
+    ),
+    "esm": _family(
+        "esm",
+        *TOKENS,
+        TABLES,
+        *attention("attention_layer", ("q_dense_layer", "k_dense_layer", "v_dense_layer"), "o_dense_layer"),
+        *FEEDFORWARD,
+    ),
+    "vit": _family(
+        "vit",
+        PATCHES,
+        VISION_TOKENS,
+        TABLES,
+        *VIT_BLOCK,
+        *mlp(r"transformer_block_\d+/mlp/dense_1", r"transformer_block_\d+/mlp/dense_2"),
+    ),
+    "deit": _family(
+        "deit",
+        PATCHES,
+        VISION_TOKENS,
+        *VIT_BLOCK,
+        *mlp(r"transformer_block_\d+/mlp/dense", r"transformer_block_\d+/output_layer/output"),
+    ),
     "dinov2": _family(
         "dinov2",
         PATCHES,
@@ -242,7 +310,9 @@ FAMILIES = {
         replicated(r"layer_scale\d/lambda1", "layer scale: a per-feature vector, replicated"),
     ),
     "clip": _family("clip", *TOKENS, PATCHES, VISION_TOKENS, TABLES, POSITION_IDS, *CLIP_BLOCK, *CONTRASTIVE_HEAD),
-    "siglip": _family("siglip", *TOKENS, PATCHES, VISION_TOKENS, TABLES, POSITION_IDS, *SIGLIP_BLOCK, *CONTRASTIVE_HEAD),
+    "siglip": _family(
+        "siglip", *TOKENS, PATCHES, VISION_TOKENS, TABLES, POSITION_IDS, *SIGLIP_BLOCK, *CONTRASTIVE_HEAD
+    ),
 }
 
 # The keras-hub backbone class each family's rules are written for.
@@ -320,8 +390,12 @@ def with_lora(rule_set):
         if rule.pattern.endswith("kernel") and not rule.replicates:
             stem = rule.pattern[: -len("kernel")]
             note = f"LoRA adapter of: {rule.note}"
-            lora.append(Rule(stem + "lora_kernel_a", _distinct([_lora_a(layout) for layout in rule.layouts]), note, rule.family))
-            lora.append(Rule(stem + "lora_kernel_b", _distinct([_lora_b(layout) for layout in rule.layouts]), note, rule.family))
+            lora.append(
+                Rule(stem + "lora_kernel_a", _distinct([_lora_a(layout) for layout in rule.layouts]), note, rule.family)
+            )
+            lora.append(
+                Rule(stem + "lora_kernel_b", _distinct([_lora_b(layout) for layout in rule.layouts]), note, rule.family)
+            )
     return RuleSet([*lora, *rule_set], name=f"{rule_set.name}+lora")
 
 
@@ -341,4 +415,7 @@ def _lora_b(layout):
     return (None, layout[-1])
 
 
-AUTO = merge([*FAMILIES.values(), RuleSet([Rule(r.pattern, r.layouts, r.note, "keras-core") for r in KERAS_CORE], "keras-core")], "auto")
+AUTO = merge(
+    [*FAMILIES.values(), RuleSet([Rule(r.pattern, r.layouts, r.note, "keras-core") for r in KERAS_CORE], "keras-core")],
+    "auto",
+)

@@ -16,7 +16,11 @@ KERAS_CORE = RuleSet(
             "attention output: row-parallel over heads (head_dim if heads do not divide)",
         ),
         Rule(r"(.*/)?embeddings", [("model", None), (None, "model")], "embedding table: vocabulary, else features"),
-        Rule(r"(.*/)?reverse_embeddings", [(None, "model"), ("model", None)], "untied output embedding: vocabulary, else features"),
+        Rule(
+            r"(.*/)?reverse_embeddings",
+            [(None, "model"), ("model", None)],
+            "untied output embedding: vocabulary, else features",
+        ),
         Rule(
             r"(.*/)?(depthwise_|pointwise_)?kernel",
             [("...", "model"), ("...", "model", None)],

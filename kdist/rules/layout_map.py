@@ -33,7 +33,10 @@ class LayoutMapRules:
 
     def __init__(self, layout_map, name="layout-map"):
         if not isinstance(layout_map, (LayoutMap, dict)):
-            raise RuleError(f"Expected a keras.distribution.LayoutMap or a dict of layout keys; received {type(layout_map).__name__}.")
+            raise RuleError(
+                "Expected a keras.distribution.LayoutMap or a dict of layout keys; received "
+                f"{type(layout_map).__name__}."
+            )
         self.name = name
         self.keys = {}  # key -> layout axes, in insertion order
         self.invalid = {}  # key -> the regex error (Keras would fail on them at lookup)
@@ -83,7 +86,9 @@ class LayoutMapRules:
         shape = tuple(shape)
         found = self.lookup(path)
         if found is None:
-            return Placement(path, shape, (None,) * len(shape), "default", reason="no LayoutMap key matched: replicated")
+            return Placement(
+                path, shape, (None,) * len(shape), "default", reason="no LayoutMap key matched: replicated"
+            )
         key, axes = found
         if len(axes) > len(shape):
             raise RuleError(

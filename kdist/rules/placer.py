@@ -60,7 +60,7 @@ class Placer:
         return placement
 
     def match(self, path):
-        """What lays out `path` (cached): the `Rule` of a `RuleSet` or the key of a LayoutMap; None when nothing matches."""
+        """What lays out `path` (cached): a `RuleSet`'s `Rule` or a LayoutMap key; None when nothing matches."""
         if path not in self._matches:
             if isinstance(self.rules, RuleSet):
                 self._matches[path] = self.rules.match(path)
@@ -78,7 +78,9 @@ class Placer:
             return None
         layout = rule.layouts[0]
         if ELLIPSIS in layout:
-            raise RuleError(f"Rule {rule.pattern!r} lays out activations, whose rank it cannot know: write it without '...'.")
+            raise RuleError(
+                f"Rule {rule.pattern!r} lays out activations, whose rank it cannot know: write it without '...'."
+            )
         return rule.bind(layout, self.dims)
 
     def _by_rules(self, path, shape):

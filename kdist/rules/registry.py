@@ -1,4 +1,4 @@
-"""Rule sets by name ("auto", "keras-core", the keras-hub families, a rules file) and the `rules=` argument of presets."""
+"""Rule sets by name ("auto", "keras-core", keras-hub families, rule files) and the `rules=` argument."""
 
 import pathlib
 

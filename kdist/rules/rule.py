@@ -53,7 +53,9 @@ class Rule:
 
     def __post_init__(self):
         if not isinstance(self.pattern, str):
-            raise RuleError(f"A rule's pattern must be a regex string; received {type(self.pattern).__name__} {self.pattern!r}.")
+            raise RuleError(
+                f"A rule's pattern must be a regex string; received {type(self.pattern).__name__} {self.pattern!r}."
+            )
         for name in ("note", "family"):
             if not isinstance(getattr(self, name), str):
                 raise RuleError(f"Rule {self.pattern!r}: {name} must be a string; received {getattr(self, name)!r}.")
@@ -164,7 +166,9 @@ class RuleSet:
 
     def __init__(self, rules=(), name="custom"):
         if isinstance(rules, (str, bytes, dict)) or not hasattr(rules, "__iter__"):
-            raise RuleError(f"RuleSet takes a list of Rules or (pattern, layouts) pairs; received {type(rules).__name__} {rules!r}.")
+            raise RuleError(
+                f"RuleSet takes a list of Rules or (pattern, layouts) pairs; received {type(rules).__name__} {rules!r}."
+            )
         if not isinstance(name, str):
             raise RuleError(f"A rule set's name must be a string; received {name!r}.")
         self.name = name
@@ -230,12 +234,21 @@ class RuleSet:
             unknown = sorted(set(entry) - _RULE_KEYS)
             if missing or unknown:
                 problem = f"lacks {missing}" if missing else f"has unknown keys {unknown}"
-                raise RuleError(f"{where} {problem}; a rule has keys {sorted(_RULE_KEYS)} ('pattern' and 'layouts' required).")
+                raise RuleError(
+                    f"{where} {problem}; a rule has keys {sorted(_RULE_KEYS)} ('pattern' and 'layouts' required)."
+                )
             for key in ("pattern", "note", "family"):
                 if key in entry and not isinstance(entry[key], str):
                     raise RuleError(f"{where}: {key!r} must be a string; received {entry[key]!r}.")
             try:
-                rules.append(Rule(entry["pattern"], _data_layouts(entry["layouts"], where), entry.get("note", ""), entry.get("family", "")))
+                rules.append(
+                    Rule(
+                        entry["pattern"],
+                        _data_layouts(entry["layouts"], where),
+                        entry.get("note", ""),
+                        entry.get("family", ""),
+                    )
+                )
             except RuleError as e:
                 raise RuleError(f"{where}: {e}") from None
         return cls(rules, name=name)

@@ -53,7 +53,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     """
 
     def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False, delete_checkpoint=True):
-        super().__init__(backup_dir, save_freq=save_freq, double_checkpoint=double_checkpoint, delete_checkpoint=delete_checkpoint)
+        super().__init__(
+            backup_dir, save_freq=save_freq, double_checkpoint=double_checkpoint, delete_checkpoint=delete_checkpoint
+        )
         self.checkpoint_path = os.path.join(backup_dir, CHECKPOINT_FILE)
         self._previous_path = os.path.join(backup_dir, "previous_" + CHECKPOINT_FILE)
         self._epoch = 0
@@ -118,7 +120,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self._skipping = False
             raise CheckpointError(
                 f"The checkpoint in {self.backup_dir} was taken after {self._skip_until} batches of epoch {epoch}, "
-                f"but the dataset now yields only {self._batches_done}: resume with the dataset the run was started with."
+                f"but the dataset now yields only {self._batches_done}: resume with the dataset the run was started "
+                "with."
             )
         self._epoch = epoch + 1
         self._batches_done = 0
@@ -138,7 +141,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if self.double_checkpoint and _is_writer() and os.path.exists(self.checkpoint_path):
             os.replace(self.checkpoint_path, self._previous_path)
         self._saves += 1
-        save_checkpoint(self.model, self.checkpoint_path, epoch=self._epoch, batches_done=self._batches_done, tag=self._saves)
+        save_checkpoint(
+            self.model, self.checkpoint_path, epoch=self._epoch, batches_done=self._batches_done, tag=self._saves
+        )
 
     def _skip_batches(self, count):
         """Make the next `count` train steps read their batch and do nothing else."""
@@ -180,12 +185,17 @@ def save_checkpoint(model, path, *, epoch=0, batches_done=0, tag=0):
         gathered = multihost_utils.process_allgather([values[i] for i in remote], tiled=True)
         for i, g in zip(remote, gathered):
             values[i] = g
-    meta = {"epoch": int(epoch), "batches_done": int(batches_done), "paths": paths,
-            "metrics_paths": [v.path for v in metrics], "format": 1}
+    meta = {
+        "epoch": int(epoch),
+        "batches_done": int(batches_done),
+        "paths": paths,
+        "metrics_paths": [v.path for v in metrics],
+        "format": 1,
+    }
     if _is_writer():
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         arrays = {f"v{i}": np.asarray(v) for i, v in enumerate(values[: len(variables)])}
-        arrays.update({f"m{i}": np.asarray(v) for i, v in enumerate(values[len(variables):])})
+        arrays.update({f"m{i}": np.asarray(v) for i, v in enumerate(values[len(variables) :])})
         tmp = f"{path}.tmp{os.getpid()}.npz"
         np.savez(tmp, __meta__=np.array(json.dumps(meta)), **arrays)
         os.replace(tmp, path)
@@ -221,7 +231,8 @@ def restore_checkpoint(model, path):
             value = data[stored[v.path]]
             if tuple(value.shape) != tuple(v.shape):
                 raise CheckpointError(
-                    f"Checkpoint {path} holds {v.path} with shape {tuple(value.shape)}, but the model's variable has shape {tuple(v.shape)}."
+                    f"Checkpoint {path} holds {v.path} with shape {tuple(value.shape)}, but the model's variable has "
+                    f"shape {tuple(v.shape)}."
                 )
             v.assign(value)
     return meta

@@ -134,7 +134,7 @@ def _state_tree(model):
 
 
 def _flat_variables(model):
-    """"<kind>/<variable path>" -> variable, the keys of `model.get_state_tree()` joined by "/"."""
+    """ "<kind>/<variable path>" -> variable, the keys of `model.get_state_tree()` joined by "/"."""
     optimizer = getattr(model, "optimizer", None)
     groups = {
         "trainable_variables": model.trainable_variables,

@@ -118,11 +118,15 @@ def cluster_from_tf_config(tf_config):
             raise ClusterError(f'TF_CONFIG has a "{job}" job, but {reason}. Remove the "{job}" job.')
     unknown = sorted(set(cluster) - set(_TRAINING_TASKS) - {"evaluator"})
     if unknown:
-        raise ClusterError(f"TF_CONFIG cluster has unknown job(s) {unknown}; expected 'chief', 'worker' or 'evaluator'.")
+        raise ClusterError(
+            f"TF_CONFIG cluster has unknown job(s) {unknown}; expected 'chief', 'worker' or 'evaluator'."
+        )
     for job in _TRAINING_TASKS:
         addresses = cluster.get(job, [])
         if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
-            raise ClusterError(f'TF_CONFIG cluster["{job}"] must be a list of "host:port" strings; received {addresses!r}.')
+            raise ClusterError(
+                f'TF_CONFIG cluster["{job}"] must be a list of "host:port" strings; received {addresses!r}.'
+            )
         for a in addresses:
             _check_address(a, f'TF_CONFIG cluster["{job}"]')
     if len(cluster.get("chief", [])) > 1:
@@ -211,7 +215,9 @@ def initialize(job_addresses=None, num_processes=None, process_id=None, *, cpu_c
     if _initialized_config is not None:
         if _same_cluster(_initialized_config, config):
             return config
-        raise ClusterError(f"kdist.initialize() already joined {_describe(_initialized_config)}; cannot join {_describe(config)}.")
+        raise ClusterError(
+            f"kdist.initialize() already joined {_describe(_initialized_config)}; cannot join {_describe(config)}."
+        )
     _check_jax_not_started()
     _set_cpu_collectives(cpu_collectives)
     keras.distribution.initialize(config.coordinator_address, config.num_processes, config.process_id)
@@ -224,7 +230,11 @@ _initialized_config = None  # the ClusterConfig this process joined
 
 def _same_cluster(a, b):
     """Whether two configs describe the same process of the same run, wherever they came from."""
-    return (a.coordinator_address, a.num_processes, a.process_id) == (b.coordinator_address, b.num_processes, b.process_id)
+    return (a.coordinator_address, a.num_processes, a.process_id) == (
+        b.coordinator_address,
+        b.num_processes,
+        b.process_id,
+    )
 
 
 def _from_arguments(job_addresses, num_processes, process_id):

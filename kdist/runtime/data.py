@@ -39,7 +39,11 @@ def global_batch_size(per_replica_batch_size, distribution=None):
     kdist.global_batch_size(16, kdist.preset("dp"))    # 128 on 8 devices
     ```
     """
-    if isinstance(per_replica_batch_size, bool) or not isinstance(per_replica_batch_size, int) or per_replica_batch_size < 1:
+    if (
+        isinstance(per_replica_batch_size, bool)
+        or not isinstance(per_replica_batch_size, int)
+        or per_replica_batch_size < 1
+    ):
         raise BatchSizeError(f"per_replica_batch_size must be a positive integer; received {per_replica_batch_size!r}.")
     return per_replica_batch_size * num_replicas(distribution)
 
@@ -80,8 +84,19 @@ def check_batch_size(global_batch_size, distribution=None):
     return global_batch_size // replicas
 
 
-def make_dataset(x, y=None, sample_weight=None, *, global_batch_size=None, per_replica_batch_size=None,
-                 distribution=None, shuffle=False, seed=None, drop_remainder=True, repeat=False):
+def make_dataset(
+    x,
+    y=None,
+    sample_weight=None,
+    *,
+    global_batch_size=None,
+    per_replica_batch_size=None,
+    distribution=None,
+    shuffle=False,
+    seed=None,
+    drop_remainder=True,
+    repeat=False,
+):
     """A batched `tf.data.Dataset` of the global data, ready for a (multi-process) `fit`.
 
     Give the same full arrays in every process: the dataset yields global
@@ -119,12 +134,16 @@ def make_dataset(x, y=None, sample_weight=None, *, global_batch_size=None, per_r
     data = data[0] if len(data) == 1 else data
     count = _num_examples(data)
     if count < batch and drop_remainder:
-        raise BatchSizeError(f"The data has {count} examples, fewer than one global batch of {batch}; nothing would be trained.")
+        raise BatchSizeError(
+            f"The data has {count} examples, fewer than one global batch of {batch}; nothing would be trained."
+        )
     if not drop_remainder and count % batch:
         try:
             check_batch_size(count % batch, distribution)
         except BatchSizeError as e:
-            raise BatchSizeError(f"With drop_remainder=False the last batch has {count % batch} examples. {e}") from None
+            raise BatchSizeError(
+                f"With drop_remainder=False the last batch has {count % batch} examples. {e}"
+            ) from None
     if shuffle not in (False, True, "once"):
         raise BatchSizeError(f'shuffle must be False, True or "once"; received {shuffle!r}.')
     dataset = tf.data.Dataset.from_tensor_slices(data)
@@ -230,7 +249,9 @@ def _resolve_batch(global_batch, per_replica, distribution):
 def _num_examples(data):
     sizes = {len(a) for a in keras.tree.flatten(data)}
     if len(sizes) != 1:
-        raise BatchSizeError(f"x, y and sample_weight must have the same number of examples; received sizes {sorted(sizes)}.")
+        raise BatchSizeError(
+            f"x, y and sample_weight must have the same number of examples; received sizes {sorted(sizes)}."
+        )
     return sizes.pop()
 
 

@@ -47,8 +47,19 @@ class LaunchResult:
     pids: list
 
 
-def launch(command, num_processes=2, devices_per_process=4, *, coordinator_address=None, env=None,
-           cwd=None, timeout=None, grace_period=5.0, stream="stdout", capture=False):
+def launch(
+    command,
+    num_processes=2,
+    devices_per_process=4,
+    *,
+    coordinator_address=None,
+    env=None,
+    cwd=None,
+    timeout=None,
+    grace_period=5.0,
+    stream="stdout",
+    capture=False,
+):
     """Start `command` as `num_processes` processes of one JAX run on this machine.
 
     Each process gets `devices_per_process` fake CPU devices, its rank in
@@ -94,7 +105,9 @@ def launch(command, num_processes=2, devices_per_process=4, *, coordinator_addre
     address = coordinator_address or f"127.0.0.1:{free_port()}"
     ClusterConfig(address, num_processes, 0, source="coordinator_address")  # validates the address
     stream = sys.stdout if stream == "stdout" else stream
-    return _Run(argv, num_processes, devices_per_process, address, env, cwd, timeout, grace_period, stream, capture).run()
+    return _Run(
+        argv, num_processes, devices_per_process, address, env, cwd, timeout, grace_period, stream, capture
+    ).run()
 
 
 def process_env(rank, num_processes, devices_per_process, coordinator_address, base=None, extra=None):
@@ -111,13 +124,15 @@ def process_env(rank, num_processes, devices_per_process, coordinator_address, b
         env.update(fake_devices_env(devices_per_process, env.get("XLA_FLAGS", "")))
     env.update(ClusterConfig(coordinator_address, num_processes, rank, source="launch").env())
     collectives = env.get(CPU_COLLECTIVES, "gloo")
-    env.update({
-        RANK_VAR: str(rank),
-        CPU_COLLECTIVES: collectives,
-        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": collectives,
-        "KERAS_BACKEND": "jax",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            RANK_VAR: str(rank),
+            CPU_COLLECTIVES: collectives,
+            "JAX_CPU_COLLECTIVES_IMPLEMENTATION": collectives,
+            "KERAS_BACKEND": "jax",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.update(extra or {})
     return env
 
@@ -166,15 +181,22 @@ class _Run:
                 t.join(timeout=2)
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-        return LaunchResult(code, [p.returncode for p in self.procs], rank, message, self.outputs, [p.pid for p in self.procs])
+        return LaunchResult(
+            code, [p.returncode for p in self.procs], rank, message, self.outputs, [p.pid for p in self.procs]
+        )
 
     def _start(self):
         for rank in range(self.n):
             env = process_env(rank, self.n, self.devices, self.address, extra=self.extra_env)
             try:
                 proc = subprocess.Popen(
-                    self.argv, env=env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, start_new_session=True,  # own process group: killpg reaches its children
+                    self.argv,
+                    env=env,
+                    cwd=self.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own process group: killpg reaches its children
                 )
             except OSError as e:
                 raise LaunchError(f"Cannot start process {rank} with command {self.argv}: {e}") from None
@@ -209,12 +231,20 @@ class _Run:
             except queue.Empty:
                 if self.timeout is not None and time.monotonic() - start > self.timeout:
                     running = sorted(set(range(self.n)) - finished)
-                    return 124, None, f"timed out after {self.timeout} s with processes {running} still running; stopped them"
+                    return (
+                        124,
+                        None,
+                        f"timed out after {self.timeout} s with processes {running} still running; stopped them",
+                    )
                 continue
             finished.add(rank)
             if code != 0:
                 how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
-                return code if code > 0 else 1, rank, f"process {rank} (pid {self.procs[rank].pid}) {how}; stopped the others"
+                return (
+                    code if code > 0 else 1,
+                    rank,
+                    f"process {rank} (pid {self.procs[rank].pid}) {how}; stopped the others",
+                )
             if len(finished) == self.n:
                 return 0, None, f"all {self.n} processes exited with code 0"
 

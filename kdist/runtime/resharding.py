@@ -135,9 +135,17 @@ class ReshardResult(Report):
 
     def csv_rows(self):
         return [
-            {"path": v.path, "kind": v.kind, "shape": "x".join(map(str, v.shape)), "dtype": v.dtype,
-             "source": pieces_text(v.source, v.source_pieces), "target": pieces_text(v.target, v.target_pieces),
-             "moves": v.moves, "bytes_received": int(v.device_bytes.sum()), "reference": v.reference}
+            {
+                "path": v.path,
+                "kind": v.kind,
+                "shape": "x".join(map(str, v.shape)),
+                "dtype": v.dtype,
+                "source": pieces_text(v.source, v.source_pieces),
+                "target": pieces_text(v.target, v.target_pieces),
+                "moves": v.moves,
+                "bytes_received": int(v.device_bytes.sum()),
+                "reference": v.reference,
+            }
             for v in self.variables
         ]
 
@@ -145,7 +153,7 @@ class ReshardResult(Report):
         return reshard_renderables(self, width)
 
     def describe_target(self):
-        """"2x4 (data=2,model=4)": the target distribution in words."""
+        """ "2x4 (data=2,model=4)": the target distribution in words."""
         mesh = self.distribution.device_mesh
         shape = ",".join(f"{n}={s}" for n, s in zip(mesh.axis_names, mesh.shape))
         spec = getattr(self.distribution, "spec", None)
@@ -239,7 +247,7 @@ def _as_distribution(target):
     if hasattr(target, "get_variable_layout") and hasattr(target, "device_mesh"):
         return target
     raise ArgumentTypeError(
-        "reshard target must be a kdist spec string (e.g. \"2x4\"), a kdist preset or a "
+        'reshard target must be a kdist spec string (e.g. "2x4"), a kdist preset or a '
         f"keras.distribution.Distribution; received {type(target).__name__}: {target!r}."
     )
 
@@ -255,7 +263,7 @@ def _check_model(model):
 
 
 def _running_call(model):
-    """"fit", "evaluate" or "predict" when called from inside one of them on `model` (e.g. from a callback)."""
+    """ "fit", "evaluate" or "predict" when called from inside one of them on `model` (e.g. from a callback)."""
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name in ("fit", "evaluate", "predict") and frame.f_locals.get("self") is model:
@@ -342,9 +350,17 @@ def _plan(entries, values, targets):
             device_bytes = received[key] = _received_bytes(value.shape, value.dtype, value.sharding, target, index)
         moves.append(
             VariableMove(
-                v.path, kind, tuple(value.shape), str(value.dtype), _spec_of(value.sharding, value.ndim),
-                _spec_of(target, value.ndim), moves_data, device_bytes, targets[id(v)][2],
-                _pieces(value.sharding, value.shape), _pieces(target, value.shape),
+                v.path,
+                kind,
+                tuple(value.shape),
+                str(value.dtype),
+                _spec_of(value.sharding, value.ndim),
+                _spec_of(target, value.ndim),
+                moves_data,
+                device_bytes,
+                targets[id(v)][2],
+                _pieces(value.sharding, value.shape),
+                _pieces(target, value.shape),
             )
         )
     return moves, [device_name(d) for d in ordered]

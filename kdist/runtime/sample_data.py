@@ -32,7 +32,9 @@ def random_data(model, samples, seed=0):
             "Pass your own (x, y) and loss to kdist.sweep."
         )
     rng = np.random.default_rng(seed)
-    vocabulary = min((layer.input_dim for layer in model._flatten_layers() if isinstance(layer, keras.layers.Embedding)), default=2)
+    vocabulary = min(
+        (layer.input_dim for layer in model._flatten_layers() if isinstance(layer, keras.layers.Embedding)), default=2
+    )
     inputs = [_random_input(rng, t, samples, vocabulary) for t in model.inputs]
     x = inputs[0] if len(inputs) == 1 else inputs
     output = model.outputs[0]
@@ -48,7 +50,9 @@ def random_data(model, samples, seed=0):
 def _random_input(rng, tensor, samples, vocabulary):
     shape = (samples, *tensor.shape[1:])
     if None in shape:
-        raise ArgumentError(f"Input {tensor.name!r} has an unknown dimension {tuple(tensor.shape)}; random_data() needs fixed shapes.")
+        raise ArgumentError(
+            f"Input {tensor.name!r} has an unknown dimension {tuple(tensor.shape)}; random_data() needs fixed shapes."
+        )
     if np.issubdtype(np.dtype(tensor.dtype), np.integer):
         return rng.integers(0, vocabulary, size=shape).astype(tensor.dtype)
     return rng.random(shape, dtype=np.float32).astype(tensor.dtype)

@@ -108,11 +108,19 @@ def sweep(
     batch_size = n if batch_size is None else batch_size
     _check_counts(steps=steps, warmup=warmup, batch_size=batch_size)
     if batch_size > n:
-        raise ArgumentError(f"batch_size={batch_size} is larger than the {n} samples in data; pass more data or a smaller batch_size.")
-    device_memory = memory_limit((list(devices) if devices is not None else jax.devices())[0]) if device_memory == "auto" else device_memory
+        raise ArgumentError(
+            f"batch_size={batch_size} is larger than the {n} samples in data; pass more data or a smaller batch_size."
+        )
+    device_memory = (
+        memory_limit((list(devices) if devices is not None else jax.devices())[0])
+        if device_memory == "auto"
+        else device_memory
+    )
     if estimate == "planner":
         num_devices = len(devices) if devices is not None else jax.device_count()
-        estimate = _default_estimate(build_model, num_devices, batch_size, optimizer if loss is not None else None, rules)
+        estimate = _default_estimate(
+            build_model, num_devices, batch_size, optimizer if loss is not None else None, rules
+        )
     settings = {
         "meshes": specs,
         "steps": steps,
@@ -131,10 +139,24 @@ def sweep(
     try:
         with steps_progress("sweep", len(specs), console, enabled=progress) as bar:
             config = _Config(
-                build_model, x, y, batch_size, steps, warmup, loss, optimizer, rules, devices, strict,
-                device_memory, estimate, seed, direct_check,
+                build_model,
+                x,
+                y,
+                batch_size,
+                steps,
+                warmup,
+                loss,
+                optimizer,
+                rules,
+                devices,
+                strict,
+                device_memory,
+                estimate,
+                seed,
+                direct_check,
             )
             for spec in specs:
+
                 def stage(text, spec=spec):
                     bar.update(f"{spec}: {text}")
 
@@ -312,8 +334,7 @@ def _check_strict(spec, distribution):
         more = f" (and {len(unfit) - 3} more)" if len(unfit) > 3 else ""
         raise _Failed(
             "layout",
-            f"mesh {spec!r} cannot divide the model as the rules ask (strict=True): "
-            + "; ".join(unfit[:3]) + more,
+            f"mesh {spec!r} cannot divide the model as the rules ask (strict=True): " + "; ".join(unfit[:3]) + more,
         )
 
 
@@ -382,14 +403,18 @@ def _tokens_per_sample(x):
 def _mesh_specs(meshes, devices):
     if isinstance(meshes, str):
         if meshes != "all":
-            raise ArgumentError(f'meshes must be "all" or a list of mesh specs such as ["8x1", "2x4"]; received {meshes!r}.')
+            raise ArgumentError(
+                f'meshes must be "all" or a list of mesh specs such as ["8x1", "2x4"]; received {meshes!r}.'
+            )
         n = len(devices) if devices is not None else jax.device_count()
         return [*data_model_specs(n), "dp", "fsdp", "tp"]
     if not hasattr(meshes, "__iter__") or not all(isinstance(s, str) for s in meshes):
-        raise ArgumentError(f'meshes must be "all" or a list of mesh spec strings such as ["8x1", "2x4"]; received {meshes!r}.')
+        raise ArgumentError(
+            f'meshes must be "all" or a list of mesh spec strings such as ["8x1", "2x4"]; received {meshes!r}.'
+        )
     specs = list(meshes)
     if not specs:
-        raise ArgumentError("meshes is empty: pass \"all\" or at least one mesh spec.")
+        raise ArgumentError('meshes is empty: pass "all" or at least one mesh spec.')
     duplicated = sorted({s for s in specs if specs.count(s) > 1})
     if duplicated:
         raise ArgumentError(f"meshes lists {duplicated[0]!r} twice.")

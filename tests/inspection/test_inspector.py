@@ -11,7 +11,10 @@ from kdist.model_state import KINDS
 from kdist.models import mnist_mlp, tiny_transformer
 
 PRESETS = ("dp", "fsdp", "2x4", "tp")
-MODELS = {"mlp": mnist_mlp, "transformer": lambda: tiny_transformer(vocabulary_size=64, sequence_length=8, hidden_dim=32, num_layers=1)}
+MODELS = {
+    "mlp": mnist_mlp,
+    "transformer": lambda: tiny_transformer(vocabulary_size=64, sequence_length=8, hidden_dim=32, num_layers=1),
+}
 
 
 def _compile(model, optimizer="adam"):
@@ -89,7 +92,12 @@ def test_abstract_report_gives_the_live_numbers(cases, name, spec):
     for kind in KINDS:
         np.testing.assert_array_equal(abstract.device_bytes(kind), live.device_bytes(kind), err_msg=kind)
     assert abstract.device_bytes("optimizer").sum() > 0
-    fields = lambda r: {v.path: (v.kind, v.shape, v.dtype, v.spec, v.shard_shape, v.replication, v.provenance) for v in r.variables}
+
+    def fields(r):
+        return {
+            v.path: (v.kind, v.shape, v.dtype, v.spec, v.shard_shape, v.replication, v.provenance) for v in r.variables
+        }
+
     assert fields(abstract) == fields(live)
     assert abstract.summary == live.summary
 
@@ -130,7 +138,14 @@ def test_fsdp_provenance_and_small_variables_stay_replicated(cases):
 
 @pytest.mark.parametrize(
     "optimizer, slots_per_variable",
-    [("sgd", 0), (keras.optimizers.SGD(momentum=0.9), 1), ("adam", 2), ("adamw", 2), ({"class_name": "adam", "config": {"amsgrad": True}}, 3), ("rmsprop", 1)],
+    [
+        ("sgd", 0),
+        (keras.optimizers.SGD(momentum=0.9), 1),
+        ("adam", 2),
+        ("adamw", 2),
+        ({"class_name": "adam", "config": {"amsgrad": True}}, 3),
+        ("rmsprop", 1),
+    ],
 )
 def test_planned_optimizer_state_by_kind(optimizer, slots_per_variable):
     model = kdist.abstract_model(mnist_mlp)
@@ -138,9 +153,12 @@ def test_planned_optimizer_state_by_kind(optimizer, slots_per_variable):
     slots = [v for v in report.variables if v.slot_of]
     trainable = [v for v in report.variables if v.kind == "trainable"]
     assert len(slots) == slots_per_variable * len(trainable)
-    assert report.device_bytes("optimizer").tolist() == (
-        slots_per_variable * report.device_bytes("trainable") + 8  # iteration and learning_rate
-    ).tolist()
+    assert (
+        report.device_bytes("optimizer").tolist()
+        == (
+            slots_per_variable * report.device_bytes("trainable") + 8  # iteration and learning_rate
+        ).tolist()
+    )
 
 
 def test_planned_optimizer_state_of_a_live_model_matches_a_built_one():
@@ -173,7 +191,10 @@ def test_planned_adafactor_matches_a_built_one():
     keras.backend.clear_session()
     planned = kdist.inspect(kdist.abstract_model(mnist_mlp), distribution, optimizer="adafactor")
     np.testing.assert_array_equal(planned.device_bytes("optimizer"), live.device_bytes("optimizer"))
-    key = lambda r: sorted((v.path, v.shape, v.spec, v.provenance) for v in r.variables if v.kind == "optimizer")
+
+    def key(r):
+        return sorted((v.path, v.shape, v.spec, v.provenance) for v in r.variables if v.kind == "optimizer")
+
     assert key(planned) == key(live)
     assert ("adafactor/kernel", (784,), ("model",)) in {(v.path, v.shape, v.spec) for v in planned.variables}
 
@@ -293,14 +314,18 @@ def test_keras_model_parallel_layout_map_live_and_abstract():
     kernel = live.variable("mlp/d1/kernel")
     assert (kernel.source, kernel.rule, kernel.spec) == ("layout_map", ".*d1/kernel", (None, "model"))
     assert live.variable("mlp/d2/kernel").reason == "no LayoutMap key matched: replicated"
-    assert abstract.variable("adam/mlp_d1_kernel_velocity").provenance == "slot of mlp/d1/kernel: layout_map .*d1/kernel"
+    assert (
+        abstract.variable("adam/mlp_d1_kernel_velocity").provenance == "slot of mlp/d1/kernel: layout_map .*d1/kernel"
+    )
 
 
 def test_indivisible_layout_fails_with_the_variable_named():
     distribution = _keras_model_parallel(("model", None))
     layout_map = distribution._layout_map
     layout_map[".*d2/kernel"] = (None, "model")  # 10 output features over model=4
-    with pytest.raises(ValueError, match=r"'mlp/d2/kernel' of shape \(200, 10\).*dimension 1 \(10\) does not divide by model=4"):
+    with pytest.raises(
+        ValueError, match=r"'mlp/d2/kernel' of shape \(200, 10\).*dimension 1 \(10\) does not divide by model=4"
+    ):
         kdist.inspect(kdist.abstract_model(mnist_mlp), distribution)
 
 

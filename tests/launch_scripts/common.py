@@ -23,7 +23,10 @@ def build():
         [keras.Input((16,)), keras.layers.Dense(32, activation="relu", name="d1"), keras.layers.Dense(4, name="d2")],
         name="tiny",
     )
-    model.compile(optimizer=keras.optimizers.Adam(0.01, name="adam"), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01, name="adam"),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     return model
 
 
@@ -43,7 +46,12 @@ def train(spec, *, epochs=1, callbacks=()):
     dist = kdist.preset(spec)
     with dist.scope():
         model = build()
-        model.fit(kdist.make_dataset(*data(), global_batch_size=GLOBAL_BATCH), epochs=epochs, verbose=0, callbacks=[record, *callbacks])
+        model.fit(
+            kdist.make_dataset(*data(), global_batch_size=GLOBAL_BATCH),
+            epochs=epochs,
+            verbose=0,
+            callbacks=[record, *callbacks],
+        )
     return record.losses, model
 
 

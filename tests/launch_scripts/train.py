@@ -39,7 +39,9 @@ class Steps(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if args.kill and jax.process_index() == args.kill[0] and [self.epoch, batch] == args.kill[1:]:
-            print(f"KILLING process {args.kill[0]} at epoch {self.epoch} batch {batch}, time {time.time()!r}", flush=True)
+            print(
+                f"KILLING process {args.kill[0]} at epoch {self.epoch} batch {batch}, time {time.time()!r}", flush=True
+            )
             os.kill(os.getpid(), signal.SIGKILL)
 
     def on_train_batch_end(self, batch, logs=None):
@@ -49,7 +51,13 @@ class Steps(keras.callbacks.Callback):
 
 for spec in filter(None, args.presets.split(",")):
     losses, _ = train(spec)
-    print("RESULT " + json.dumps({"spec": spec, "process": jax.process_index(), "processes": jax.process_count(), "losses": losses}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {"spec": spec, "process": jax.process_index(), "processes": jax.process_count(), "losses": losses}
+        ),
+        flush=True,
+    )
 
 if args.presets:  # the data helpers see the real 2-process distribution
     dp = kdist.preset("dp")
@@ -57,7 +65,9 @@ if args.presets:  # the data helpers see the real 2-process distribution
         kdist.check_fit_inputs(data()[0], dp)
     except kdist.BatchSizeError as e:
         print(f"CHECK_FIT {type(e).__name__}: {e}", flush=True)
-    print(f"GLOBAL_BATCH {kdist.global_batch_size(4, dp)} {kdist.global_batch_size(4, kdist.preset('2x4'))}", flush=True)
+    print(
+        f"GLOBAL_BATCH {kdist.global_batch_size(4, dp)} {kdist.global_batch_size(4, kdist.preset('2x4'))}", flush=True
+    )
 
 if args.resume:
     spec, backup_dir, out = args.resume

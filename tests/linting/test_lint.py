@@ -9,7 +9,7 @@ import kdist
 import kdist.zoo
 from kdist.linting import CODES, LintReport, lint
 from kdist.models import mnist_mlp, tiny_transformer
-from kdist.rules import KERAS_CORE, Rule, RuleSet, save_rules
+from kdist.rules import KERAS_CORE, RuleSet
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,9 @@ def _layout_map(pairs, mesh=None):
 
 
 def test_kd101_several_layout_map_keys_match_a_variable(transformer):
-    report = lint(_layout_map([(".*kernel", (None, "model")), (".*query.*", (None, "model", None))]), transformer, "2x4")
+    report = lint(
+        _layout_map([(".*kernel", (None, "model")), (".*query.*", (None, "model", None))]), transformer, "2x4"
+    )
     [first, *_] = _codes(report, "KD101")
     assert first.severity == "error" and first.path == "block_0_attention/query/kernel"
     assert "'.*kernel', '.*query.*'" in first.message
@@ -155,8 +157,20 @@ def test_kd205_is_info_when_asked_for_with_lora():
 def test_kd206_no_candidate_divides(mlp):
     report = lint(RuleSet([(r".*/kernel", (None, "model"))]), mlp, "1x8")
     [finding] = _codes(report, "KD206")
-    assert finding.severity == "warning" and finding.path == "mlp/d2/kernel" and "not divisible by model=8" in finding.message
+    assert (
+        finding.severity == "warning"
+        and finding.path == "mlp/d2/kernel"
+        and "not divisible by model=8" in finding.message
+    )
     assert report.placements["mlp/d2/kernel"] == (None, None)
+
+
+def test_kd207_weights_replicated_over_the_data_axis(transformer):
+    [finding] = _codes(lint(KERAS_CORE, transformer, "2x4", size_threshold=1024), "KD207")
+    assert finding.severity == "info" and "'fsdp=2,model=4'" in finding.message and "data=2" in finding.message
+    assert not _codes(lint(KERAS_CORE, transformer, "1x8", size_threshold=1024), "KD207")  # no data axis
+    assert not _codes(lint(KERAS_CORE, transformer, "2x2x2", size_threshold=1024), "KD207")  # already fsdp
+    assert not _codes(lint(KERAS_CORE, transformer, "2x4"), "KD207")  # saves less than the 1 MiB threshold
 
 
 def test_kd301_rule_shadowed_by_an_earlier_one(transformer):
@@ -245,8 +259,13 @@ def test_variables_as_tuples():
 def test_auto_rules_on_a_keras_hub_backbone():
     keras_hub = pytest.importorskip("keras_hub")
     backbone = kdist.abstract_model(
-        keras_hub.models.LlamaBackbone, vocabulary_size=256, num_layers=2, num_query_heads=8,
-        num_key_value_heads=2, hidden_dim=64, intermediate_dim=128,
+        keras_hub.models.LlamaBackbone,
+        vocabulary_size=256,
+        num_layers=2,
+        num_query_heads=8,
+        num_key_value_heads=2,
+        hidden_dim=64,
+        intermediate_dim=128,
     )
     report = lint("auto", backbone, "2x4", size_threshold=1024)
     assert report.ok, report
@@ -272,7 +291,8 @@ def test_json_and_rich_rendering(mlp):
     data = json.loads(report.to_json())
     assert data["ok"] is False and data["counts"] == {"error": 1, "warning": 1, "info": 0}
     assert {(f["code"], f["name"], f["severity"]) for f in data["findings"]} == {
-        ("KD104", "indivisible", "error"), ("KD202", "partial-match-only", "warning")
+        ("KD104", "indivisible", "error"),
+        ("KD202", "partial-match-only", "warning"),
     }
     console = Console(record=True, width=160)
     console.print(report)
@@ -293,48 +313,6 @@ def test_rich_rendering_collapses_repeated_findings(transformer):
 # --- CLI ---------------------------------------------------------------------------------------
 
 
-def _cli(capsys, *argv):
-    from kdist.cli import main
-
-    code = main(["lint", *argv])
-    return code, capsys.readouterr()
-
-
-def test_cli_clean_run_exits_0(capsys):
-    code, out = _cli(capsys, "tiny-transformer", "--mesh", "2x4", "--json")
-    assert code == 0, out.out
-    assert json.loads(out.out)["ok"] is True
-
-
-def test_cli_errors_exit_1(tmp_path, capsys):
-    path = tmp_path / "rules.json"
-    save_rules(RuleSet([Rule(r"(.*/)?kernel", ("...", "tensor"))], name="mine"), path)
-    code, out = _cli(capsys, "tiny-transformer", "--mesh", "2x4", "--rules", str(path))
-    assert code == 1
-    assert "FAILED" in out.out and "KD103" in out.out
-
-
-def test_cli_fail_on_warning(tmp_path, capsys):
-    path = tmp_path / "rules.toml"
-    save_rules(RuleSet([Rule(r"(.*/)?kernel", ("...", "model")), Rule("nothing/here", ())], name="mine"), path)
-    assert _cli(capsys, "tiny-transformer", "--rules", str(path))[0] == 0
-    assert _cli(capsys, "tiny-transformer", "--rules", str(path), "--fail-on", "warning")[0] == 1
-
-
-def test_cli_bad_model_or_rules_exit_2(capsys):
-    code, out = _cli(capsys, "no-such-model")
-    assert code == 2 and "Unknown model 'no-such-model'" in out.err
-    code, out = _cli(capsys, "mlp", "--rules", "no-such-rules")
-    assert code == 2 and "Unknown rule set 'no-such-rules'" in out.err
-
-
-def test_cli_rule_set_by_name(capsys):
-    code, out = _cli(capsys, "mlp", "--rules", "keras-core", "--mesh", "1x8", "--json")
-    data = json.loads(out.out)
-    assert code == 0 and data["summary"]["rules"] == "keras-core"
-    assert [f["code"] for f in data["findings"] if f["path"] == "mlp/d2/kernel"] == ["KD302"]
-
-
 def _unbuilt_model():
     return keras.Sequential([keras.layers.Dense(4)], name="unbuilt")
 
@@ -342,8 +320,3 @@ def _unbuilt_model():
 def test_unbuilt_model_error_names_the_model():
     with pytest.raises(ValueError, match=r"no variables in Sequential 'unbuilt'.*build the model"):
         lint("auto", _unbuilt_model(), mesh="2x4")
-
-
-def test_cli_unbuilt_model_exits_2(capsys):
-    code, out = _cli(capsys, "tests.linting.test_lint:_unbuilt_model")
-    assert code == 2 and "no variables in Sequential 'unbuilt'" in out.err

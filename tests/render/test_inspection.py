@@ -4,12 +4,9 @@ import json
 
 import keras
 import pytest
-
-import kdist
 from rich.console import Group
 
-from kdist.cli import main
-from kdist.cli.commands._shared import devices_for
+import kdist
 from kdist.model_state import KINDS
 from kdist.models import mnist_mlp
 from kdist.render.inspection import devices_table
@@ -40,7 +37,9 @@ def long_names():
         variables = []
         for i in range(3):
             with keras.name_scope(f"transformer_layer_{i}"), keras.name_scope("feedforward_intermediate_dense"):
-                variables.append(keras.Variable(initializer="zeros", shape=(8192, 28672), name="kernel", dtype="bfloat16"))
+                variables.append(
+                    keras.Variable(initializer="zeros", shape=(8192, 28672), name="kernel", dtype="bfloat16")
+                )
     return kdist.inspect(variables, kdist.preset("2x4"))
 
 
@@ -68,7 +67,9 @@ def test_long_paths_stay_whole_on_a_line_of_their_own(long_names):
     for i in range(3):
         assert f"  transformer_layer_{i}/feedforward_intermediate_dense/kernel" in text.splitlines()
     wide = report_text(long_names, width=160)
-    assert any(line.startswith("  transformer_layer_0/feedforward_intermediate_dense/kernel ") for line in wide.splitlines())
+    assert any(
+        line.startswith("  transformer_layer_0/feedforward_intermediate_dense/kernel ") for line in wide.splitlines()
+    )
 
 
 def test_many_equal_devices_share_a_row():
@@ -117,28 +118,3 @@ def test_grid_view_renders_slices():
 
 def test_human_bytes():
     assert [human_bytes(n) for n in (800, 2000, 156800, 1002 * 2**20)] == ["800 B", "1.95 KiB", "153 KiB", "1002 MiB"]
-
-
-def test_cli_json_with_optimizer_and_filter(capsys):
-    assert main(["inspect", "mlp", "--mesh", "2x4", "--json", "--var", "d1/kernel", "--optimizer", "adam"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert {v["path"] for v in data["variables"]} == {"mlp/d1/kernel", "adam/mlp_d1_kernel_momentum", "adam/mlp_d1_kernel_velocity"}
-    assert data["source"] == "abstract" and data["optimizer"] == "adam"
-    assert all(d["total"] == 3 * 784 * 50 * 4 for d in data["devices"])
-
-
-def test_cli_table_and_grid(capsys):
-    assert main(["inspect", "mlp", "--mesh", "2x4", "--grid", "mlp/d1/kernel", "--rows", "data", "--cols", "model"]) == 0
-    out = capsys.readouterr().out
-    assert "by layer, largest first (abstract)" in out and "[:, 150:200]" in out
-
-
-def test_cli_errors(capsys):
-    assert main(["inspect", "no-such-model", "--mesh", "2x4"]) == 2
-    assert "Unknown model 'no-such-model'" in capsys.readouterr().err
-    assert main(["inspect", "mlp", "--mesh", "2x4", "--optimizer", "adamz"]) == 2
-    assert "Unknown optimizer 'adamz'" in capsys.readouterr().err
-
-
-def test_default_fake_devices_fit_the_mesh():
-    assert [devices_for(s) for s in ("2x4", "4x8", "2x2x4", "data=-1,model=2", "data=-1,model=16", "dp", "model=2")] == [8, 32, 16, 8, 16, 8, 2]

@@ -42,7 +42,9 @@ def test_toml_writes_none_as_empty_string_and_keeps_backslashes(tmp_path):
 
 def test_hand_written_json_accepts_one_layout_or_several(tmp_path):
     path = tmp_path / "mine.json"
-    path.write_text(json.dumps({"rules": [{"pattern": ".*/kernel", "layouts": [None, "model"]}, {"pattern": ".*", "layouts": []}]}))
+    path.write_text(
+        json.dumps({"rules": [{"pattern": ".*/kernel", "layouts": [None, "model"]}, {"pattern": ".*", "layouts": []}]})
+    )
     rules = load_rules(path)
     assert rules.name == "mine"  # the file name when the file has none
     assert rules.place("d/kernel", (8, 8), AXES).axes == (None, "model")
@@ -63,10 +65,22 @@ BAD = {
     "bad.toml": ("rules = [", r"bad\.toml' is not valid TOML"),
     "list.json": ("[]", r"list\.json' must be a mapping with a 'rules' list"),
     "top.json": ('{"rules": [], "extra": 1}', r"unknown top-level keys \['extra'\]"),
-    "missing.json": ('{"rules": [{"pattern": "a"}]}', r"rules\[0\] of the rules file '.*missing\.json' lacks \['layouts'\]"),
-    "unknown.json": ('{"rules": [{"pattern": "a", "layouts": [], "axes": []}]}', r"rules\[0\] .* has unknown keys \['axes'\]"),
-    "regex.toml": ("[[rules]]\npattern = 'ok'\nlayouts = []\n[[rules]]\npattern = '(open'\nlayouts = []\n", r"rules\[1\] of the rules file '.*regex\.toml': Rule '\(open' is not a valid regex"),
-    "axis.json": ('{"rules": [{"pattern": "a", "layouts": [[1, "model"]]}]}', r"rules\[0\] .*: each layout must be a list of axis names"),
+    "missing.json": (
+        '{"rules": [{"pattern": "a"}]}',
+        r"rules\[0\] of the rules file '.*missing\.json' lacks \['layouts'\]",
+    ),
+    "unknown.json": (
+        '{"rules": [{"pattern": "a", "layouts": [], "axes": []}]}',
+        r"rules\[0\] .* has unknown keys \['axes'\]",
+    ),
+    "regex.toml": (
+        "[[rules]]\npattern = 'ok'\nlayouts = []\n[[rules]]\npattern = '(open'\nlayouts = []\n",
+        r"rules\[1\] of the rules file '.*regex\.toml': Rule '\(open' is not a valid regex",
+    ),
+    "axis.json": (
+        '{"rules": [{"pattern": "a", "layouts": [[1, "model"]]}]}',
+        r"rules\[0\] .*: each layout must be a list of axis names",
+    ),
     "pattern.json": ('{"rules": [{"pattern": 3, "layouts": []}]}', r"rules\[0\] .*: 'pattern' must be a string"),
     "rules.yaml": ("rules: []", r"must end in \.json or \.toml; received '\.yaml'"),
 }

@@ -32,7 +32,29 @@ NORM_OR_BIAS = re.compile(r".*(bias|(norm|ln)[^/]*/(scale|gamma|beta|weight))")
 
 
 def test_covers_at_least_25_backbones_including_the_required_ones():
-    required = {"gemma", "gemma2", "gemma3", "llama", "llama3", "mistral", "mixtral", "qwen", "qwen2", "qwen3", "qwen_moe", "qwen3_moe", "phi3", "gpt2", "bert", "roberta", "distil_bert", "t5", "vit", "clip", "siglip"}
+    required = {
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "llama",
+        "llama3",
+        "mistral",
+        "mixtral",
+        "qwen",
+        "qwen2",
+        "qwen3",
+        "qwen_moe",
+        "qwen3_moe",
+        "phi3",
+        "gpt2",
+        "bert",
+        "roberta",
+        "distil_bert",
+        "t5",
+        "vit",
+        "clip",
+        "siglip",
+    }
     assert required <= set(FAMILIES)
     assert len(set(BACKBONES.values())) >= 25
     assert list(TINY) == list(FAMILIES) == list(BACKBONES)

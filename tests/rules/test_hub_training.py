@@ -35,7 +35,11 @@ def causal_lm(family, task):
 CASES = {
     "decoder LM (Llama)": (causal_lm("llama", "LlamaCausalLM"), TOKENS, next_token_loss),
     "MoE (Mixtral)": (causal_lm("mixtral", "MixtralCausalLM"), TOKENS, next_token_loss),
-    "encoder (BERT)": (lambda: TINY["bert"](num_layers=1), dict(TOKENS, segment_ids=np.zeros((2, 8), "int32")), regression_loss),
+    "encoder (BERT)": (
+        lambda: TINY["bert"](num_layers=1),
+        dict(TOKENS, segment_ids=np.zeros((2, 8), "int32")),
+        regression_loss,
+    ),
     "vision (ViT)": (lambda: TINY["vit"](num_layers=1), RNG.random((2, 32, 32, 3)).astype("float32"), regression_loss),
 }
 

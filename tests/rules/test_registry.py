@@ -34,11 +34,21 @@ def test_lora_option_shards_adapters_like_their_kernels():
     axes = "1x4"
     assert rules.name == "llama+lora"
     # column-parallel kernel (in, out): A (in, rank) replicated, B (rank, out) on model
-    assert rules.place("transformer_layer_0/feedforward_gate_dense/lora_kernel_b", (4, 128), axes).axes == (None, "model")
+    assert rules.place("transformer_layer_0/feedforward_gate_dense/lora_kernel_b", (4, 128), axes).axes == (
+        None,
+        "model",
+    )
     assert not rules.place("transformer_layer_0/feedforward_gate_dense/lora_kernel_a", (64, 4), axes).sharded
     # row-parallel kernel (in, out): A (in, rank) on model
-    assert rules.place("transformer_layer_0/feedforward_output_dense/lora_kernel_a", (128, 4), axes).axes == ("model", None)
-    assert not get_rules("llama").place("transformer_layer_0/feedforward_output_dense/lora_kernel_a", (128, 4), axes).sharded
+    assert rules.place("transformer_layer_0/feedforward_output_dense/lora_kernel_a", (128, 4), axes).axes == (
+        "model",
+        None,
+    )
+    assert (
+        not get_rules("llama")
+        .place("transformer_layer_0/feedforward_output_dense/lora_kernel_a", (128, 4), axes)
+        .sharded
+    )
 
 
 def test_lora_option_covers_keras_core_dense_layers():

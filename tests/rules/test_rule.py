@@ -69,7 +69,10 @@ def test_invalid_regex_is_an_error():
 def test_mesh_roles_are_inferred_from_keras_names():
     mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], list(range(8)))
     dims = ParallelDims.from_device_mesh(mesh)
-    assert (dims.bind("data"), dims.size_of("data")) == ("batch", 2) and (dims.bind("model"), dims.size_of("model")) == ("model", 4)
+    assert (dims.bind("data"), dims.size_of("data")) == ("batch", 2) and (
+        dims.bind("model"),
+        dims.size_of("model"),
+    ) == ("model", 4)
 
 
 def test_layout_map_export_keeps_first_match_order():

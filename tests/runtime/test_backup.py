@@ -125,5 +125,7 @@ def test_resuming_with_a_shorter_dataset_is_refused(crashed, tmp_path):
     with kdist.preset("2x4").scope():
         model = build()
         short = kdist.make_dataset(x[:16], y[:16], global_batch_size=common.GLOBAL_BATCH)  # 1 batch per epoch
-        with pytest.raises(kdist.CheckpointError, match="taken after 2 batches of epoch 1, but the dataset now yields only 1"):
+        with pytest.raises(
+            kdist.CheckpointError, match="taken after 2 batches of epoch 1, but the dataset now yields only 1"
+        ):
             model.fit(short, epochs=2, verbose=0, callbacks=[kdist.BackupAndRestore(str(backup), save_freq=3)])

@@ -52,7 +52,10 @@ def assert_bitwise_on_mesh(expected, variables, shape):
     # By order: a Sequential loaded from a .keras file drops the model name from its paths.
     assert len(variables) == len(expected)
     for (path, value), v in zip(expected, variables):
-        assert v.path.replace("mlp/", "").replace("mlp_", "") == path.replace("mlp/", "").replace("mlp_", ""), (path, v.path)
+        assert v.path.replace("mlp/", "").replace("mlp_", "") == path.replace("mlp/", "").replace("mlp_", ""), (
+            path,
+            v.path,
+        )
         np.testing.assert_array_equal(np.asarray(v.value), value, err_msg=v.path)
         assert tuple(v.value.sharding.mesh.devices.shape) == shape, v.path
 

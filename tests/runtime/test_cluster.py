@@ -72,9 +72,30 @@ def test_environment_keras_variables_and_tf_config_must_agree():
     "env, message",
     [
         ({"KERAS_DISTRIBUTION_NUM_PROCESSES": "2"}, "are not; set all three or none"),
-        ({"KERAS_DISTRIBUTION_JOB_ADDRESSES": "h:1", "KERAS_DISTRIBUTION_NUM_PROCESSES": "two", "KERAS_DISTRIBUTION_PROCESS_ID": "0"}, "is not an integer"),
-        ({"KERAS_DISTRIBUTION_JOB_ADDRESSES": "h:1", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": "2"}, "process_id=2 is out of range"),
-        ({"KERAS_DISTRIBUTION_JOB_ADDRESSES": "h:1,h:2,h:3", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": "0"}, "list 3 processes, but num_processes=2"),
+        (
+            {
+                "KERAS_DISTRIBUTION_JOB_ADDRESSES": "h:1",
+                "KERAS_DISTRIBUTION_NUM_PROCESSES": "two",
+                "KERAS_DISTRIBUTION_PROCESS_ID": "0",
+            },
+            "is not an integer",
+        ),
+        (
+            {
+                "KERAS_DISTRIBUTION_JOB_ADDRESSES": "h:1",
+                "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+                "KERAS_DISTRIBUTION_PROCESS_ID": "2",
+            },
+            "process_id=2 is out of range",
+        ),
+        (
+            {
+                "KERAS_DISTRIBUTION_JOB_ADDRESSES": "h:1,h:2,h:3",
+                "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+                "KERAS_DISTRIBUTION_PROCESS_ID": "0",
+            },
+            "list 3 processes, but num_processes=2",
+        ),
     ],
 )
 def test_malformed_keras_variables_are_rejected_clearly(env, message):
@@ -83,7 +104,12 @@ def test_malformed_keras_variables_are_rejected_clearly(env, message):
 
 
 def test_initialize_without_configuration_is_a_single_process_no_op(monkeypatch):
-    for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID", "TF_CONFIG"):
+    for name in (
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+        "KERAS_DISTRIBUTION_NUM_PROCESSES",
+        "KERAS_DISTRIBUTION_PROCESS_ID",
+        "TF_CONFIG",
+    ):
         monkeypatch.delenv(name, raising=False)
     assert kdist.initialize() is None
     with pytest.raises(kdist.ClusterError, match="needs job_addresses, num_processes and process_id together"):
@@ -113,10 +139,18 @@ def test_two_processes_join_one_run_from_tf_config_alone():
     procs = []
     for index in range(2):
         env = process_env(index, 2, 2, workers[0])
-        for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID"):
+        for name in (
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+            "KERAS_DISTRIBUTION_NUM_PROCESSES",
+            "KERAS_DISTRIBUTION_PROCESS_ID",
+        ):
             del env[name]
         env["TF_CONFIG"] = _tf_config({"worker": workers}, "worker", index)
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
     try:
         outputs = [p.communicate(timeout=120) for p in procs]
     finally:

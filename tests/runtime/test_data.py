@@ -17,7 +17,9 @@ def arrays():
 def _two_processes(replicas):
     """A stand-in for a distribution in a 2-process run (one process cannot host a real one)."""
     mesh = types.SimpleNamespace(axis_names=["data"], shape=[replicas])
-    return types.SimpleNamespace(num_model_replicas=replicas, num_processes=2, auto_shard_dataset=True, device_mesh=mesh)
+    return types.SimpleNamespace(
+        num_model_replicas=replicas, num_processes=2, auto_shard_dataset=True, device_mesh=mesh
+    )
 
 
 def test_global_batch_size_counts_the_replicas_of_the_distribution():
@@ -33,9 +35,15 @@ def test_global_batch_size_counts_the_replicas_of_the_distribution():
 
 def test_batch_size_that_does_not_divide_gives_a_clear_error():
     assert kdist.check_batch_size(32, kdist.preset("dp")) == 4
-    with pytest.raises(kdist.BatchSizeError, match=r"Global batch size 30 does not divide evenly over the 8 model replicas of ShardedDistribution\('dp', mesh \{'data': 8\}\)\. Use a multiple of 8 \(e.g\. 24 or 32\)"):
+    with pytest.raises(
+        kdist.BatchSizeError,
+        match=r"Global batch size 30 does not divide evenly over the 8 model replicas of "
+        r"ShardedDistribution\('dp', mesh \{'data': 8\}\)\. Use a multiple of 8 \(e.g\. 24 or 32\)",
+    ):
         kdist.check_batch_size(30, kdist.preset("dp"))
-    with pytest.raises(kdist.BatchSizeError, match=r"over the 1 model replicas and 2 processes .* multiple of 2 \(e\.g\. 2\)"):
+    with pytest.raises(
+        kdist.BatchSizeError, match=r"over the 1 model replicas and 2 processes .* multiple of 2 \(e\.g\. 2\)"
+    ):
         kdist.check_batch_size(1, _two_processes(1))
 
 
@@ -51,7 +59,9 @@ def test_make_dataset_yields_global_batches(arrays):
     again = [b[1] for b in kdist.make_dataset(x, y, global_batch_size=32, shuffle="once", distribution=dist)]
     np.testing.assert_array_equal(np.concatenate(once), np.concatenate(again))  # same order in every process
     assert not np.array_equal(np.concatenate(once), y[:96])
-    with pytest.raises(kdist.BatchSizeError, match="the last batch has 4 examples. Global batch size 4 does not divide"):
+    with pytest.raises(
+        kdist.BatchSizeError, match="the last batch has 4 examples. Global batch size 4 does not divide"
+    ):
         kdist.make_dataset(x, y, global_batch_size=32, drop_remainder=False, distribution=kdist.preset("dp"))
     with pytest.raises(kdist.BatchSizeError, match="exactly one of global_batch_size and per_replica_batch_size"):
         kdist.make_dataset(x, y, distribution=dist)
@@ -75,7 +85,9 @@ def test_check_dataset_rejects_unbatched_and_unknown_batch_sizes(arrays):
         kdist.check_dataset(unbatched, dist)
     with pytest.raises(kdist.BatchSizeError, match="cannot be determined statically"):
         batches = (np.zeros((8, 16), "float32") for _ in range(2))
-        kdist.check_dataset(tf.data.Dataset.from_generator(lambda: batches, output_signature=tf.TensorSpec((None, 16))), dist)
+        kdist.check_dataset(
+            tf.data.Dataset.from_generator(lambda: batches, output_signature=tf.TensorSpec((None, 16))), dist
+        )
     with pytest.raises(kdist.BatchSizeError, match="without drop_remainder=True, so its last batch may be partial"):
         kdist.check_dataset(unbatched.batch(32), dist)
     assert kdist.check_dataset(unbatched.batch(32), dist, allow_partial_batches=True) == 32
@@ -85,7 +97,9 @@ def test_check_dataset_rejects_unbatched_and_unknown_batch_sizes(arrays):
 
 def test_arrays_for_a_multi_process_fit_are_refused(arrays):
     x, y = arrays
-    with pytest.raises(kdist.BatchSizeError, match=r"2 processes, and fit\(\) then needs a batched tf.data.Dataset .* received ndarray"):
+    with pytest.raises(
+        kdist.BatchSizeError, match=r"2 processes, and fit\(\) then needs a batched tf.data.Dataset .* received ndarray"
+    ):
         kdist.check_fit_inputs(x, _two_processes(2))
     assert kdist.check_fit_inputs(x, kdist.preset("dp")) is x  # one process: arrays are fine
     ds = kdist.make_dataset(x, y, global_batch_size=32, distribution=_two_processes(2))

@@ -22,7 +22,9 @@ def build():
 
 
 def compile_(model):
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
+    )
     return model
 
 
@@ -51,7 +53,9 @@ def trained(spec, data, steps=2):
 
 
 def state(model):
-    variables = model.trainable_variables + model.non_trainable_variables + model.optimizer.variables + model.metrics_variables
+    variables = (
+        model.trainable_variables + model.non_trainable_variables + model.optimizer.variables + model.metrics_variables
+    )
     return {id(v): v for v in variables}
 
 
@@ -124,7 +128,14 @@ def test_training_continues_on_the_new_mesh_like_training_there_from_the_start(d
     first, second = BatchLosses(), BatchLosses()
     model.fit(x[: k * BATCH], y[: k * BATCH], batch_size=BATCH, shuffle=False, verbose=0, callbacks=[first])
     kdist.reshard(model, "2x4")
-    model.fit(x[k * BATCH : 2 * k * BATCH], y[k * BATCH : 2 * k * BATCH], batch_size=BATCH, shuffle=False, verbose=0, callbacks=[second])
+    model.fit(
+        x[k * BATCH : 2 * k * BATCH],
+        y[k * BATCH : 2 * k * BATCH],
+        batch_size=BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=[second],
+    )
     resharded = np.concatenate([step_losses(first.means), step_losses(second.means)])
     assert mesh_shape(model.get_layer("d1").kernel) == {"data": 2, "model": 4}
     # The jitted step was rebuilt for the new mesh: its outputs stay there between steps.
@@ -173,8 +184,8 @@ def test_dry_run_lists_the_moves_and_moves_nothing(data):
 def test_narrowing_a_replicated_array_receives_no_bytes(data):
     model = trained("8x1", data)
     plan = kdist.plan_reshape(model, "1x8")
-    assert plan.count == 6          # the kernels and their slots are re-sliced...
-    assert plan.bytes == 0          # ...but every device already holds its new shard.
+    assert plan.count == 6  # the kernels and their slots are re-sliced...
+    assert plan.bytes == 0  # ...but every device already holds its new shard.
 
 
 def test_equal_layouts_are_relabelled_not_copied(data):

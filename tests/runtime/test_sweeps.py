@@ -11,10 +11,10 @@ from rich.console import Console
 
 import kdist
 from kdist.meshes import data_model_specs as mesh_factorisations
+from kdist.render.sweep import sweep_table
 from kdist.runtime.sample_data import random_data
 from kdist.runtime.sweep_result import NO_ESTIMATE, SweepResult
 from kdist.runtime.sweeping import sweep
-from kdist.render.sweep import sweep_table
 
 STEPS, WARMUP, BATCH = 3, 1, 8
 MESHES = ["8x1", "4x2", "2x4", "dp", "1x8"]
@@ -42,8 +42,15 @@ def tiny_data(samples=BATCH * (STEPS + WARMUP), seed=0):
 @pytest.fixture(scope="module")
 def result():
     return sweep(
-        tiny_model, tiny_data(), MESHES, steps=STEPS, warmup=WARMUP, batch_size=BATCH,
-        loss="sparse_categorical_crossentropy", strict=True, progress=False,
+        tiny_model,
+        tiny_data(),
+        MESHES,
+        steps=STEPS,
+        warmup=WARMUP,
+        batch_size=BATCH,
+        loss="sparse_categorical_crossentropy",
+        strict=True,
+        progress=False,
     )
 
 
@@ -112,8 +119,14 @@ def test_batch_spec_and_build_failures_are_rows():
 def test_estimate_column_and_memory_limit():
     x, y = tiny_data(8)
     row = sweep(
-        tiny_model, (x, y), ["dp"], batch_size=8, loss="sparse_categorical_crossentropy", progress=False,
-        device_memory=1000, estimate=lambda model, distribution: 1234,
+        tiny_model,
+        (x, y),
+        ["dp"],
+        batch_size=8,
+        loss="sparse_categorical_crossentropy",
+        progress=False,
+        device_memory=1000,
+        estimate=lambda model, distribution: 1234,
     ).rows[0]
     assert row.estimate_bytes == 1234 and row.estimate_note == "planner estimate"
     assert row.failure_stage == "memory" and "does not fit" in row.failure and "1000 B" in row.failure
@@ -130,8 +143,16 @@ def test_estimate_comes_from_the_planner_by_default(result):
 def test_estimate_can_be_turned_off():
     x, y = tiny_data(8)
     row = sweep(
-        tiny_model, (x, y), ["dp"], steps=1, warmup=0, batch_size=8, loss="sparse_categorical_crossentropy",
-        estimate=None, direct_check=False, progress=False,
+        tiny_model,
+        (x, y),
+        ["dp"],
+        steps=1,
+        warmup=0,
+        batch_size=8,
+        loss="sparse_categorical_crossentropy",
+        estimate=None,
+        direct_check=False,
+        progress=False,
     ).rows[0]
     assert row.estimate_bytes is None and row.estimate_note == NO_ESTIMATE
 
@@ -142,8 +163,16 @@ def test_a_failing_estimate_is_a_note_not_a_failed_shape():
 
     x, y = tiny_data(8)
     row = sweep(
-        tiny_model, (x, y), ["dp"], steps=1, warmup=0, batch_size=8, loss="sparse_categorical_crossentropy",
-        estimate=broken, direct_check=False, progress=False,
+        tiny_model,
+        (x, y),
+        ["dp"],
+        steps=1,
+        warmup=0,
+        batch_size=8,
+        loss="sparse_categorical_crossentropy",
+        estimate=broken,
+        direct_check=False,
+        progress=False,
     ).rows[0]
     assert row.ok and row.estimate_bytes is None
     assert row.estimate_note == "not available: LookupError: no such mesh"
@@ -175,8 +204,15 @@ def test_step_time_is_checked_against_the_bare_compiled_step(result):
 def test_direct_check_can_be_skipped():
     x, y = tiny_data(8)
     row = sweep(
-        tiny_model, (x, y), ["dp"], steps=2, warmup=0, batch_size=8, loss="sparse_categorical_crossentropy",
-        direct_check=False, progress=False,
+        tiny_model,
+        (x, y),
+        ["dp"],
+        steps=2,
+        warmup=0,
+        batch_size=8,
+        loss="sparse_categorical_crossentropy",
+        direct_check=False,
+        progress=False,
     ).rows[0]
     assert row.ok and row.direct_step_times == [] and row.agreement is None and len(row.step_times) == 2
 
@@ -231,36 +267,20 @@ def test_random_data_fits_the_model():
     assert x.shape == (4, 28, 28, 1) and y.max() < 10 and loss.get_config()["from_logits"] is False
 
 
-def test_cli_sweep(tmp_path, capsys):
-    from kdist.cli import build_parser, main
-
-    for argv, devices in ((["sweep", "mlp", "--devices", "4"], 4), (["sweep", "mlp"], 8)):
-        args = build_parser().parse_args(argv)
-        assert args.default_fake_devices(args) == devices
-    code = main([
-        "sweep", "tests.runtime.test_sweeps:tiny_model", "--meshes", "4x2,1x8", "--steps", "2", "--warmup", "1",
-        "--batch-size", "8", "--strict", "--out", str(tmp_path),
-    ])
-    out = " ".join(capsys.readouterr().out.split())
-    assert code == 0
-    assert "4x2 ★" in out and "1x8 failed (layout)" in out and "say nothing about accelerators" in out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.json", "sweep.png"]
-    rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
-    assert [r["status"] for r in rows] == ["ok", "failed"]
-    assert main(["sweep", "no-such-model"]) == 2
-    assert "kdist: error: Unknown model 'no-such-model'" in capsys.readouterr().err
-
-
 def test_notebook_runs_a_sweep_and_shows_the_plot():
     import nbformat
     from nbclient import NotebookClient
 
     notebook = nbformat.read(NOTEBOOKS / "sweep.ipynb", as_version=4)
     env = {**os.environ, "KDIST_FAKE_DEVICES": "8"}
-    client = NotebookClient(notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client = NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    )
     client.execute(env=env)
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
-    text = "".join(o.get("text", "") + "".join(str(v) for k, v in o.get("data", {}).items() if k == "text/plain") for o in outputs)
+    text = "".join(
+        o.get("text", "") + "".join(str(v) for k, v in o.get("data", {}).items() if k == "text/plain") for o in outputs
+    )
     assert "★" in text and "say nothing about accelerators" in text
     assert any("image/png" in o.get("data", {}) for o in outputs)
 

@@ -9,7 +9,8 @@ def register(commands, common):
         "demo", parents=[common], help="train a small model under a preset and show where its variables live"
     )
     demo.add_argument(
-        "--mesh", help=f'mesh preset (default "{DEFAULT_MESH}" on 8 devices; on other device counts, a preset that fits them)'
+        "--mesh",
+        help=f'mesh preset (default "{DEFAULT_MESH}" on 8 devices; on other device counts, a preset that fits them)',
     )
     demo.add_argument("--steps", type=positive, default=5, help="training steps (default 5)")
     demo.add_argument("--batch-size", type=positive, default=64, help="global batch size (default 64)")

@@ -23,8 +23,12 @@ def register(commands, common):
     )
     parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     parser.add_argument("--mesh", default="2x4", help='mesh spec (default "2x4")')
-    parser.add_argument("--rules", metavar="NAME|FILE", help='a rule set name or .json/.toml rules file (default "auto")')
-    parser.add_argument("--optimizer", metavar="NAME", help="plan optimizer state for this Keras optimizer (adam, adamw, sgd, ...)")
+    parser.add_argument(
+        "--rules", metavar="NAME|FILE", help='a rule set name or .json/.toml rules file (default "auto")'
+    )
+    parser.add_argument(
+        "--optimizer", metavar="NAME", help="plan optimizer state for this Keras optimizer (adam, adamw, sgd, ...)"
+    )
     parser.add_argument("--var", metavar="REGEX", help="only variables whose path matches REGEX (re.search)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--csv", action="store_true", help="print one CSV row per variable")

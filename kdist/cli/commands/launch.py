@@ -25,13 +25,21 @@ def register(commands, common):
     )
     parser.add_argument("-n", "--num-processes", type=positive, default=2, help="number of processes (default 2)")
     parser.add_argument(
-        "--devices-per-process", type=non_negative, default=4, metavar="D",
+        "--devices-per-process",
+        type=non_negative,
+        default=4,
+        metavar="D",
         help="fake CPU devices per process (default 4; 0 keeps the real devices)",
     )
-    parser.add_argument("--coordinator", metavar="HOST:PORT", help="coordinator address (default 127.0.0.1 and a free port)")
+    parser.add_argument(
+        "--coordinator", metavar="HOST:PORT", help="coordinator address (default 127.0.0.1 and a free port)"
+    )
     parser.add_argument("--timeout", type=seconds, help="stop every process after this many seconds")
     parser.add_argument(
-        "--grace-period", type=seconds, default=5.0, help="seconds between SIGTERM and SIGKILL when stopping processes (default 5)"
+        "--grace-period",
+        type=seconds,
+        default=5.0,
+        help="seconds between SIGTERM and SIGKILL when stopping processes (default 5)",
     )
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a Python module, as `python -m MODULE`")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args], -m module [args], or any command")

@@ -20,12 +20,21 @@ def register(commands, common):
     parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     parser.add_argument("--mesh", default="2x4", help='mesh spec (default "2x4"); sizes without -1 need no devices')
     parser.add_argument(
-        "--rules", default="auto", metavar="NAME|FILE",
+        "--rules",
+        default="auto",
+        metavar="NAME|FILE",
         help='a rule set name ("auto", "keras-core", "llama", ...) or a .json/.toml rules file (default "auto")',
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--size-threshold", type=non_negative, metavar="BYTES", help="report replicated variables from this size (default 1 MiB)")
-    parser.add_argument("--fail-on", choices=("error", "warning"), default="error", help="lowest severity that fails (default error)")
+    parser.add_argument(
+        "--size-threshold",
+        type=non_negative,
+        metavar="BYTES",
+        help="report replicated variables from this size (default 1 MiB)",
+    )
+    parser.add_argument(
+        "--fail-on", choices=("error", "warning"), default="error", help="lowest severity that fails (default error)"
+    )
     # An 8-device default as in `kdist demo`: specs with -1 ("data=-1,model=2") resolve against it.
     parser.set_defaults(run=run, default_fake_devices=8)
 

@@ -25,7 +25,9 @@ def register(commands, common):
     parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     parser.add_argument("--devices", type=positive, required=True, help="number of devices to plan for")
     parser.add_argument("--batch-size", type=positive, required=True, help="global batch size")
-    parser.add_argument("--seq-len", type=positive, help="sequence length (tokens per example) for models with unknown lengths")
+    parser.add_argument(
+        "--seq-len", type=positive, help="sequence length (tokens per example) for models with unknown lengths"
+    )
     parser.add_argument("--memory", help='memory per device, e.g. "80GB", "80GiB", "8e10"')
     parser.add_argument("--optimizer", default="adam", help='Keras optimizer name (default "adam")')
     parser.add_argument("--dtype", help='count weights and activations in this dtype (e.g. "bfloat16")')
@@ -33,7 +35,8 @@ def register(commands, common):
     parser.add_argument("--latency", type=float, default=10e-6, help="seconds per collective step (default 1e-5)")
     parser.add_argument("--rules", help='rule set name or rules file (default: kdist\'s rules, "auto")')
     parser.add_argument(
-        "--verify", action="store_true",
+        "--verify",
+        action="store_true",
         help="compile each mesh's training step on fake devices (as many as --devices, unless --fake-devices says)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -44,7 +47,10 @@ def register(commands, common):
 def run(args):
     console = Console()
     if args.verify and jax.device_count() < args.devices:
-        raise PlanError(f"--verify compiles on {args.devices} devices, but JAX has {jax.device_count()}: add --fake-devices {args.devices}.")
+        raise PlanError(
+            f"--verify compiles on {args.devices} devices, but JAX has {jax.device_count()}: add --fake-devices "
+            f"{args.devices}."
+        )
     # The builder, not a built model: --verify rebuilds the model for each mesh.
     model = model_builder(args.model) if args.verify else load_model(args.model)
     result = plan(

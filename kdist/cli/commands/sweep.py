@@ -18,18 +18,28 @@ def register(commands, common):
         "sweep", parents=[common], help="train a model under each mesh shape and compare step time, memory and losses"
     )
     parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
-    parser.add_argument("--devices", type=positive, default=8, metavar="N", help="devices to build meshes on (default 8)")
     parser.add_argument(
-        "--meshes", default="all", metavar="SPECS",
+        "--devices", type=positive, default=8, metavar="N", help="devices to build meshes on (default 8)"
+    )
+    parser.add_argument(
+        "--meshes",
+        default="all",
+        metavar="SPECS",
         help='comma-separated mesh specs, e.g. "8x1,2x4,fsdp" (default "all": every data x model '
-        'factorisation, then dp, fsdp and tp)',
+        "factorisation, then dp, fsdp and tp)",
     )
     parser.add_argument("--steps", type=positive, default=10, metavar="N", help="timed steps per shape (default 10)")
-    parser.add_argument("--warmup", type=non_negative, default=2, metavar="N", help="warm-up steps per shape (default 2)")
+    parser.add_argument(
+        "--warmup", type=non_negative, default=2, metavar="N", help="warm-up steps per shape (default 2)"
+    )
     parser.add_argument("--batch-size", type=positive, default=64, metavar="B", help="global batch size (default 64)")
     parser.add_argument("--strict", action="store_true", help="fail shapes whose rules had to replicate a dimension")
-    parser.add_argument("--seed", type=non_negative, default=0, metavar="S", help="seed for weights and data (default 0)")
-    parser.add_argument("--out", metavar="DIR", help="write sweep.csv, sweep.json and sweep.png there (needs matplotlib)")
+    parser.add_argument(
+        "--seed", type=non_negative, default=0, metavar="S", help="seed for weights and data (default 0)"
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", help="write sweep.csv, sweep.json and sweep.png there (needs matplotlib)"
+    )
     parser.set_defaults(run=run, default_fake_devices=lambda args: args.devices)
 
 
@@ -47,9 +57,16 @@ def run(args):
     data, loss = random_data(load_model(args.model, abstract=True), samples, seed=args.seed)
     meshes = "all" if args.meshes == "all" else [m.strip() for m in args.meshes.split(",") if m.strip()]
     result = sweep(
-        lambda: load_model(args.model, abstract=False), data, meshes,
-        steps=args.steps, warmup=args.warmup, batch_size=args.batch_size, loss=loss,
-        devices=available[: args.devices], strict=args.strict, seed=args.seed,
+        lambda: load_model(args.model, abstract=False),
+        data,
+        meshes,
+        steps=args.steps,
+        warmup=args.warmup,
+        batch_size=args.batch_size,
+        loss=loss,
+        devices=available[: args.devices],
+        strict=args.strict,
+        seed=args.seed,
     )
     console.print(result)
     if args.out:

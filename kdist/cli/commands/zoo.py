@@ -19,8 +19,8 @@ def run(args):
         return 0
     t = table(
         title="Models by name (kdist inspect / lint / plan / sweep MODEL)",
-        caption="Also: module:function returning a Keras model, or a keras-hub preset (hub:NAME or a preset directory). "
-        "keras-hub entries need keras-hub (pip install 'kdist[hub]' and pip install --no-deps keras-hub).",
+        caption="Also: module:function returning a Keras model, or a keras-hub preset (hub:NAME or a preset "
+        "directory). keras-hub entries need keras-hub (pip install 'kdist[hub]' and pip install --no-deps keras-hub).",
     )
     t.add_column("name", no_wrap=True)
     t.add_column("model")
