@@ -1,9 +1,11 @@
 """The Keras distribution behind every kdist preset: the placement engine's axes as Keras `TensorLayout`s."""
 
+import jax
+import keras
 from keras.distribution import DeviceMesh, LayoutMap, ModelParallel, TensorLayout
 
-from kdist.errors import ArgumentTypeError
-from kdist.keras_internals import own_layout
+from kdist.errors import ArgumentTypeError, BatchSizeError
+from kdist.keras_internals import check_batches_with, own_layout
 from kdist.meshes.spec import ParallelDims
 from kdist.rules.placement import Placement
 from kdist.rules.placer import FSDP_MIN_SIZE
@@ -69,6 +71,7 @@ class ShardedDistribution(ModelParallel):
             batch_dim_name=self.dims.batch_axes[0] if self.dims.batch_axes else names[0],
             auto_shard_dataset=auto_shard_dataset,
         )
+        check_batches_with(_check_current_batch)
 
     @property
     def rules(self):
@@ -92,11 +95,33 @@ class ShardedDistribution(ModelParallel):
         return self.dims.num_batch_shards
 
     def get_data_layout(self, data_shape):
+        """The batch's layout: its first dimension split over the data and fsdp axes.
+
+        Raises:
+            BatchSizeError: the batch does not divide over those axes (jax
+                would raise IndivisibleError): the message names the batch size,
+                the axes and the sizes that would work.
+        """
         axes = [None] * len(data_shape)
         batch = self.dims.batch_axes
         if batch and axes:
             axes[0] = batch[0] if len(batch) == 1 else batch
+            self._check_batch(data_shape[0])
         return MultiAxisLayout(axes, self.device_mesh)
+
+    def _check_batch(self, size):
+        shards = self.dims.num_batch_shards
+        if not isinstance(size, int) or size % shards == 0:
+            return
+        axes = ", ".join(f"{a}={self.dims.axis_sizes[a]}" for a in self.dims.batch_axes)
+        spec = f"kdist.preset({self.spec!r})" if self.spec else "this distribution"
+        raise BatchSizeError(
+            f"A batch of {size} example(s) does not divide over the {shards} batch shards of {spec} ({axes}), "
+            f"so jax cannot split it. Use batches that are multiples of {shards} (e.g. {-(-size // shards) * shards}): "
+            "for fit/evaluate, a batch_size and a number of examples that divide; for predict and generate, pad the "
+            f"inputs to a multiple of {shards} and drop the extra outputs; or use a mesh whose batch axes divide "
+            "it (a model-parallel mesh such as 'tp' splits no batch)."
+        )
 
     def get_variable_layout(self, variable):
         layout = own_layout(variable)
@@ -141,3 +166,11 @@ def layout_axes(layout):
     if isinstance(layout, TensorLayout):
         return tuple(layout.axes)
     return tuple(getattr(layout, "spec", ()))
+
+
+def _check_current_batch(per_process_batch):
+    """Every input batch Keras lays out under a kdist distribution divides its batch axes (else a kdist error)."""
+    distribution = keras.distribution.distribution()
+    shape = getattr(per_process_batch, "shape", ())
+    if isinstance(distribution, ShardedDistribution) and shape and distribution.dims.batch_axes:
+        distribution._check_batch(int(shape[0]) * jax.process_count())

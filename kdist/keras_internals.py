@@ -11,6 +11,7 @@ import re
 import jax
 import keras
 from keras.src.backend.common import global_state
+from keras.src.backend.jax import distribution_lib as jax_distribution_lib
 from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re-exported for the activation trace)
 from keras.src.models.functional import operation_fn  # noqa: F401  (re-exported for the activation trace)
 from keras.src.utils import io_utils
@@ -189,3 +190,27 @@ def slot_references(optimizer_variables, weights):
                 out[id(v)] = reference
                 break
     return out
+
+
+# --- Input batches --------------------------------------------------------------------------------
+
+
+def check_batches_with(check):
+    """Call `check(per_process_batch)` before Keras lays out each input batch on the mesh.
+
+    Keras computes a batch's layout once per epoch, from the first batch, and
+    hands every later one (a smaller last batch included) straight to jax, so
+    a distribution cannot see them. This wraps Keras's
+    `backend.jax.distribution_lib.distribute_data_input`, which every batch of
+    fit/evaluate/predict (and keras-hub's generate) goes through; once.
+    """
+    original = jax_distribution_lib.distribute_data_input
+    if getattr(original, "_kdist_check", None) is not None:
+        return
+
+    def distribute_data_input(per_process_batch, layout, batch_dim_name):
+        check(per_process_batch)
+        return original(per_process_batch, layout, batch_dim_name)
+
+    distribute_data_input._kdist_check = check
+    jax_distribution_lib.distribute_data_input = distribute_data_input

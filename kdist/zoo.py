@@ -109,6 +109,11 @@ _CLIP_TEXT = dict(
     intermediate_dim=128,
     max_sequence_length=16,
 )
+# Qwen3.5: three linear-attention (gated DeltaNet) layers for each full-attention one.
+_QWEN3_5 = dict(
+    vocabulary_size=256, num_layers=4, num_query_heads=8, num_key_value_heads=2, head_dim=8, hidden_dim=64,
+    linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=8, linear_value_head_dim=8,
+)
 _GEMMA2 = dict(
     query_head_dim_normalize=False,
     use_post_ffw_norm=True,
@@ -148,6 +153,8 @@ TINY = {
     "mixtral": dict(_LM, num_experts=4, top_k=2),
     "qwen_moe": dict(_LM, moe_intermediate_dim=32, shared_expert_intermediate_dim=64, num_experts=4, top_k=2),
     "qwen3_moe": dict(_LM, moe_intermediate_dim=32, num_experts=4, top_k=2, head_dim=8),
+    "qwen3_5": dict(_QWEN3_5, intermediate_dim=128),
+    "qwen3_5_moe": dict(_QWEN3_5, moe_intermediate_dim=32, shared_expert_intermediate_size=64, num_experts=4, top_k=2),
     "gpt_oss": dict(_LM, num_experts=4, top_k=2, head_dim=8),
     "gemma": dict(_LM, num_key_value_heads=1, head_dim=8),
     "gemma2": dict(_LM, head_dim=8, **_GEMMA2),

@@ -75,7 +75,11 @@ def test_2x4_shards_dense_kernels_on_model():
     assert _spec_of(variables["mlp/d2/kernel"]) == ("model", None)
     assert dist.placements["mlp/d2/kernel"].source == "fallback"
     assert "not divisible by model=4" in dist.placements["mlp/d2/kernel"].reason
-    assert _spec_of(variables["mlp/d1/bias"]) in ((), (None,))
+    # A column-parallel kernel's bias follows its output split (the keras-io guide's map shards it too).
+    assert _spec_of(variables["mlp/d1/bias"]) == ("model",)
+    assert dist.placements["mlp/d1/bias"].reason == "follows mlp/d1/kernel (None, 'model')"
+    # d2's kernel fell back to its input features: its bias stays whole.
+    assert _spec_of(variables["mlp/d2/bias"]) in ((), (None,))
 
 
 def test_indivisible_dimension_is_replicated_and_recorded():

@@ -131,6 +131,8 @@ def _to_toml(data):
         for key in ("note", "family"):
             if key in rule:
                 lines.append(f"{key} = {_toml_string(rule[key])}")
+        if "follows" in rule:
+            lines.append("follows = [" + ", ".join(_toml_string(x) for x in rule["follows"]) + "]")
     return "\n".join(lines) + "\n"
 
 

@@ -8,8 +8,9 @@ what keras-hub's own `get_layout_map` covers they shard the untied output
 embedding (`reverse_embeddings`), put mixture-of-experts weights on the
 "expert" axis (the "model" axis when the mesh has none), fall back to
 head_dim, then hidden, for key/value kernels whose head count does not divide
-the model axis (the placement says so), and replicate LoRA adapters, norms
-and biases with explicit rules.
+the model axis (the placement says so), let biases follow their kernel's
+output split, and replicate LoRA adapters (unless asked: `with_lora`) and
+norms with explicit rules.
 
 Each family set matches only keras-hub's variable paths for that family, so
 `AUTO` (every family, then the Keras core rules as the catch-all) picks the
@@ -49,8 +50,8 @@ _QKV_NOTE = "attention q/k/v: column-parallel over heads (head_dim, then hidden,
 _OUT_NOTE = "attention output: row-parallel over heads (input features of a 2-D kernel)"
 
 
-def _rule(pattern, layouts, note):
-    return Rule(ANY + pattern, layouts, note)
+def _rule(pattern, layouts, note, follows=()):
+    return Rule(ANY + pattern, layouts, note, follows=follows)
 
 
 def attention(scope, names=("query", "key", "value"), output="attention_output", heads_first=False):
@@ -84,7 +85,10 @@ def replicated(pattern, note):
 
 LORA = replicated(r"[^/]+/lora_kernel_[ab]", "LoRA adapters: replicated (lora=True shards them like their kernel)")
 NORMS = replicated(r"[^/]*(norm|ln)[^/]*/(scale|gamma|beta|weight)", "normalization: replicated")
-BIASES = replicated(r"([^/]+_)?bias", "biases: replicated")
+BIASES = [
+    _rule("bias", REPLICATED, "bias: its kernel's output split (replicated without a kernel)", ("kernel", "trailing")),
+    replicated(r"[^/]+_bias", "named biases: replicated"),
+]
 TOKENS = [
     _rule(
         "token_embedding/embeddings", VOCAB, "token embedding: vocabulary on 'model' (hidden when it does not divide)"
@@ -129,6 +133,13 @@ CONTRASTIVE_HEAD = [
     replicated(r"(clip|siglip)_head/logit_scale", "logit scale: a scalar, replicated"),
     _rule(r"head/variable", FEATURES, "attention-pooling probe: hidden on 'model'"),
 ]
+GATED_DELTANET = [  # Qwen3.5's linear attention layers
+    _rule(r"linear_attn/in_proj_(qkv|z|b|a)/kernel", COLUMN, "linear attention in-projections: column-parallel"),
+    _rule(r"linear_attn/conv1d_kernel", [("model", None)], "linear attention convolution: channels, like in_proj_qkv"),
+    _rule(r"linear_attn/out_proj/kernel", ROW, "linear attention output: row-parallel (input features)"),
+    replicated(r"linear_attn/(A_log|dt_bias)", "linear attention decay per head: small, replicated"),
+]
+QWEN3_5 = [*TOKENS, *LLAMA, *GATED_DELTANET]
 QWEN_MOE = experts(
     r"qwen_sparse_moe_block(_\d+)?/experts",
     "expert_feedforward_gate_dense",
@@ -139,7 +150,7 @@ QWEN_MOE = experts(
 
 def _family(name, *rules):
     """A family's rule set: LoRA first, the family's rules, then norms and biases."""
-    tagged = [Rule(r.pattern, r.layouts, r.note, name) for r in (LORA, *rules, NORMS, BIASES)]
+    tagged = [Rule(r.pattern, r.layouts, r.note, name, r.follows) for r in (LORA, *rules, NORMS, *BIASES)]
     return RuleSet(tagged, name=name)
 
 
@@ -182,6 +193,18 @@ FAMILIES = {
             "expert_feedforward_output_dense",
             r"qwen3_sparse_moe_block(_\d+)?/sparse_feedforward_gate_dense",
         ),
+    ),
+    "qwen3_5": _family("qwen3_5", *QWEN3_5),
+    "qwen3_5_moe": _family(
+        "qwen3_5_moe",
+        *QWEN3_5,
+        *experts(
+            r"sparse_moe_block(_\d+)?/experts",
+            "expert_feedforward_gate_dense",
+            "expert_feedforward_output_dense",
+            r"sparse_moe_block(_\d+)?/router_gate",
+        ),
+        replicated(r"sparse_moe_block(_\d+)?/shared_expert_gate/kernel", "shared expert gate: one output, replicated"),
     ),
     "gpt_oss": _family(
         "gpt_oss",
@@ -328,6 +351,8 @@ BACKBONES = {
     "mixtral": "MixtralBackbone",
     "qwen_moe": "QwenMoeBackbone",
     "qwen3_moe": "Qwen3MoeBackbone",
+    "qwen3_5": "Qwen3_5Backbone",
+    "qwen3_5_moe": "Qwen3_5MoeBackbone",
     "gpt_oss": "GptOssBackbone",
     "gemma": "GemmaBackbone",
     "gemma2": "GemmaBackbone",
@@ -363,21 +388,26 @@ def merge(rule_sets, name):
     merged, families = {}, {}
     for rule_set in rule_sets:
         for rule in rule_set:
-            key = (rule.pattern, rule.layouts)
+            key = (rule.pattern, rule.layouts, rule.follows)
             merged.setdefault(key, rule)
             tags = families.setdefault(key, [])
             for family in rule.families or (rule_set.name,):
                 if family not in tags:
                     tags.append(family)
-    return RuleSet([Rule(r.pattern, r.layouts, r.note, ",".join(families[k])) for k, r in merged.items()], name=name)
+    return RuleSet(
+        [Rule(r.pattern, r.layouts, r.note, ",".join(families[k]), r.follows) for k, r in merged.items()], name=name
+    )
 
 
 def with_lora(rule_set):
     """`rule_set` with LoRA adapters sharded like their kernels instead of replicated.
 
-    For a kernel rule with layout `(a, ..., y, z)`, `lora_kernel_a` (the kernel's
-    leading dimensions and the rank) gets `(a, ..., y, None)` and `lora_kernel_b`
-    (the rank and the kernel's last dimension) gets `(None, z)`.
+    Each adapter follows its kernel's actual placement, fallbacks included:
+    `lora_kernel_a` (the kernel's leading dimensions and the rank) takes the
+    kernel's leading axes, `lora_kernel_b` (the rank and the kernel's last
+    dimension) its last axis. Where the kernel has not been placed (a
+    `RuleSet.place` call on its own), the adapter's candidates derive from the
+    kernel rule's layouts: `(a, ..., y, z)` gives `(a, ..., y, None)` and `(None, z)`.
 
     Example:
 
@@ -390,12 +420,10 @@ def with_lora(rule_set):
         if rule.pattern.endswith("kernel") and not rule.replicates:
             stem = rule.pattern[: -len("kernel")]
             note = f"LoRA adapter of: {rule.note}"
-            lora.append(
-                Rule(stem + "lora_kernel_a", _distinct([_lora_a(layout) for layout in rule.layouts]), note, rule.family)
-            )
-            lora.append(
-                Rule(stem + "lora_kernel_b", _distinct([_lora_b(layout) for layout in rule.layouts]), note, rule.family)
-            )
+            a = _distinct([_lora_a(layout) for layout in rule.layouts])
+            b = _distinct([_lora_b(layout) for layout in rule.layouts])
+            lora.append(Rule(stem + "lora_kernel_a", a, note, rule.family, ("kernel", "leading")))
+            lora.append(Rule(stem + "lora_kernel_b", b, note, rule.family, ("kernel", "last")))
     return RuleSet([*lora, *rule_set], name=f"{rule_set.name}+lora")
 
 
@@ -416,6 +444,9 @@ def _lora_b(layout):
 
 
 AUTO = merge(
-    [*FAMILIES.values(), RuleSet([Rule(r.pattern, r.layouts, r.note, "keras-core") for r in KERAS_CORE], "keras-core")],
+    [
+        *FAMILIES.values(),
+        RuleSet([Rule(r.pattern, r.layouts, r.note, "keras-core", r.follows) for r in KERAS_CORE], "keras-core"),
+    ],
     "auto",
 )

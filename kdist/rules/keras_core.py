@@ -27,9 +27,15 @@ KERAS_CORE = RuleSet(
             "Dense/EinsumDense/Conv kernels: output features (input features if those do not divide)",
         ),
         Rule(
-            r"(.*/)?(bias|gamma|beta|scale|moving_mean|moving_variance|kernel_scale|seed_generator_state)",
+            r"(.*/)?bias",
             (),
-            "biases, normalization and small state: replicated",
+            "bias: its kernel's output split (replicated without a kernel)",
+            follows=("kernel", "trailing"),
+        ),
+        Rule(
+            r"(.*/)?(gamma|beta|scale|moving_mean|moving_variance|kernel_scale|seed_generator_state)",
+            (),
+            "normalization and small state: replicated",
         ),
     ],
     name="keras-core",

@@ -120,8 +120,10 @@ def to_layout_map(rule_set, device_mesh, variables=None):
     dims = ParallelDims.from_device_mesh(device_mesh)
     layout_map = LayoutMap(device_mesh)
     if variables is not None:
+        placed = {}
         for v in variables:
-            placement = rule_set.place(v.path, v.shape, dims)
+            placement = rule_set.place(v.path, v.shape, dims, placed)
+            placed[v.path] = placement.axes
             if placement.source != "default":
                 layout_map[v.path] = placement.axes
         return layout_map
@@ -129,11 +131,12 @@ def to_layout_map(rule_set, device_mesh, variables=None):
     for rule in rule_set:
         exclude = "".join(f"(?!(?:{p})$)" for p in earlier)
         layout = rule.layouts[0]
-        if ELLIPSIS in layout:
+        if ELLIPSIS in layout or rule.follows:
             raise RuleError(
-                f"Rule {rule.pattern!r} has layout {layout}, whose '...' depends on each variable's rank, "
-                "which a LayoutMap key cannot express. Pass variables=model.variables to export one "
-                "exact key per variable."
+                f"Rule {rule.pattern!r} has layout {layout}"
+                + (f" and follows {rule.follows}" if rule.follows else "")
+                + ", which depends on each variable's rank or on another variable, which a LayoutMap key cannot "
+                "express. Pass variables=model.variables to export one exact key per variable."
             )
         layout_map[f"^{exclude}(?:{rule.pattern})$"] = rule.bind(layout, dims)
         earlier.append(rule.pattern)

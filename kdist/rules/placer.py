@@ -49,6 +49,7 @@ class Placer:
         self.fsdp_min_size = fsdp_min_size
         self.replicate_reason = replicate_reason
         self._placements = {}  # (path, shape) -> Placement
+        self._by_path = {}  # path -> axes before fsdp, for rules that follow a sibling
         self._matches = {}  # path -> rule (RuleSet only)
 
     def place(self, path, shape):
@@ -56,7 +57,9 @@ class Placer:
         key = (path, tuple(int(d) for d in shape))
         placement = self._placements.get(key)
         if placement is None:
-            placement = self._placements[key] = self._fsdp(self._by_rules(*key))
+            by_rules = self._by_rules(*key)
+            self._by_path[path] = by_rules.axes
+            placement = self._placements[key] = self._fsdp(by_rules)
         return placement
 
     def match(self, path):
@@ -88,7 +91,7 @@ class Placer:
             placement = self.rules.place(path, shape, self.dims)
         else:
             rule = self.match(path)
-            placement = rule.place(path, shape, self.dims) if rule is not None else None
+            placement = rule.place(path, shape, self.dims, self._by_path) if rule is not None else None
         if placement is None or placement.source == "default":
             if self.replicate_reason:
                 return Placement(path, shape, (None,) * len(shape), "preset", reason=self.replicate_reason)

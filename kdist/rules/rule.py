@@ -24,7 +24,13 @@ from kdist.rules.layout_map import to_layout_map
 from kdist.rules.placement import Placement
 
 _TOP_KEYS = {"name", "rules"}
-_RULE_KEYS = {"pattern", "layouts", "note", "family"}
+_RULE_KEYS = {"pattern", "layouts", "note", "family", "follows"}
+# How a variable's axes derive from the sibling it follows (e.g. "kernel" in the same layer):
+FOLLOW_MODES = {
+    "trailing": "its dimensions are the sibling's last ones (a bias of a kernel): the sibling's last axes",
+    "leading": "its dimensions are the sibling's first ones, then a rank (lora_kernel_a): those axes, then None",
+    "last": "a rank, then the sibling's last dimension (lora_kernel_b): None, then the sibling's last axis",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +50,18 @@ class Rule:
         note: why the rule exists, shown by the inspector and linter.
         family: the rule library the rule comes from (e.g. "llama"; several
             families sharing a rule are joined by ","), empty for user rules.
+        follows: `(sibling, mode)`: lay the variable out like the variable
+            `sibling` of the same layer (e.g. "kernel"), as `mode` says
+            ("trailing": a bias takes its kernel's last axes; "leading" and
+            "last": LoRA's `lora_kernel_a` and `lora_kernel_b`). The layouts
+            apply when the sibling has not been placed.
     """
 
     pattern: str
     layouts: tuple
     note: str = ""
     family: str = ""
+    follows: tuple = ()
 
     def __post_init__(self):
         if not isinstance(self.pattern, str):
@@ -63,6 +75,15 @@ class Rule:
             compiled = re.compile(self.pattern)
         except re.error as e:
             raise RuleError(f"Rule {self.pattern!r} is not a valid regex: {e}.") from None
+        follows = tuple(self.follows) if isinstance(self.follows, (tuple, list)) else self.follows
+        if follows and (
+            len(follows) != 2 or not isinstance(follows[0], str) or not follows[0] or follows[1] not in FOLLOW_MODES
+        ):
+            raise RuleError(
+                f"Rule {self.pattern!r}: follows must be (sibling name, mode) with a mode in {sorted(FOLLOW_MODES)}, "
+                f"e.g. ('kernel', 'trailing'); received {self.follows!r}."
+            )
+        object.__setattr__(self, "follows", follows)
         object.__setattr__(self, "layouts", _candidates(self.pattern, self.layouts))
         object.__setattr__(self, "_regex", compiled)
 
@@ -101,8 +122,17 @@ class Rule:
                 )
         return tuple(bound)
 
-    def place(self, path, shape, dims):
-        """The `Placement` this rule gives a variable of `shape` at `path` on mesh `dims` (candidates, fallbacks)."""
+    def place(self, path, shape, dims, placed=None):
+        """The `Placement` this rule gives a variable of `shape` at `path` on mesh `dims`.
+
+        A rule that follows a sibling takes its axes from `placed` (path -> the
+        axes variables were given so far) when the sibling is there; otherwise,
+        and for every other rule, the first candidate layout that divides.
+        """
+        if self.follows and placed is not None:
+            sibling = path.rpartition("/")[0] + "/" + self.follows[0]
+            if sibling in placed:
+                return self._follow(path, shape, dims, sibling, placed[sibling])
         fitting = [layout for layout in self.layouts if fits_rank(layout, len(shape))]
         if not fitting:
             raise RuleError(
@@ -137,6 +167,30 @@ class Rule:
         reason = "; ".join([*tried[:skipped], tried[skipped] + ": replicated those dimensions"])
         return Placement(path, shape, axes, "fallback", self, reason, tuple(bad))
 
+    def _follow(self, path, shape, dims, sibling, sibling_axes):
+        mode, rank = self.follows[1], len(shape)
+        if mode == "trailing":
+            axes = tuple(sibling_axes[-rank:]) if rank else ()
+        elif mode == "leading":
+            axes = tuple(sibling_axes[: rank - 1]) + (None,)
+        else:
+            axes = (None,) * (rank - 1) + tuple(sibling_axes[-1:])
+        axes = (None,) * (rank - len(axes)) + axes
+        bad = indivisible(shape, axes, dims.axis_sizes)
+        reason = f"follows {sibling} {tuple(sibling_axes)}"
+        if bad:
+            axes = tuple(None if i in bad else a for i, a in enumerate(axes))
+            return Placement(
+                path,
+                shape,
+                axes,
+                "fallback",
+                self,
+                reason + ": replicated the dimensions that do not divide",
+                tuple(bad),
+            )
+        return Placement(path, shape, axes, "rule", self, reason)
+
     @staticmethod
     def _missing_roles(layout, dims):
         return [a for a in layout if a in ROLES and dims.bind(a) is None]
@@ -147,6 +201,8 @@ class Rule:
             data["note"] = self.note
         if self.family:
             data["family"] = self.family
+        if self.follows:
+            data["follows"] = list(self.follows)
         return data
 
 
@@ -190,17 +246,18 @@ class RuleSet:
         """The first rule whose pattern matches the whole `path`, or None."""
         return next((rule for rule in self.rules if rule.matches(path)), None)
 
-    def place(self, path, shape, mesh):
+    def place(self, path, shape, mesh, placed=None):
         """The `Placement` of a variable of `shape` at `path` on `mesh` (a `ParallelDims`, spec or DeviceMesh).
 
-        The rules alone: first match, candidates and fallbacks. What a preset
-        adds (fsdp sharding) is `kdist.rules.Placer`'s.
+        The rules alone: first match, candidates and fallbacks, and `placed`
+        (path -> axes of the variables placed so far) for rules that follow a
+        sibling. What a preset adds (fsdp sharding) is `kdist.rules.Placer`'s.
         """
         shape = tuple(shape)
         rule = self.match(path)
         if rule is None:
             return Placement(path, shape, (None,) * len(shape), "default", reason="no rule matched")
-        return rule.place(path, shape, as_dims(mesh))
+        return rule.place(path, shape, as_dims(mesh), placed)
 
     def to_layout_map(self, device_mesh, variables=None):
         """Export as a plain `keras.distribution.LayoutMap` (see `kdist.rules.layout_map.to_layout_map`)."""
@@ -247,6 +304,7 @@ class RuleSet:
                         _data_layouts(entry["layouts"], where),
                         entry.get("note", ""),
                         entry.get("family", ""),
+                        entry.get("follows", ()),
                     )
                 )
             except RuleError as e:
@@ -272,7 +330,7 @@ def _data_layouts(value, where):
 def _rule(item):
     if isinstance(item, Rule):
         return item
-    if isinstance(item, (tuple, list)) and 2 <= len(item) <= 4:
+    if isinstance(item, (tuple, list)) and 2 <= len(item) <= 5:
         return Rule(*item)
     raise RuleError(f"A rule must be a kdist.Rule or a (pattern, layouts) pair; received {_kind(item)}.")
 

@@ -273,9 +273,8 @@ def test_auto_rules_on_a_keras_hub_backbone():
 
 
 @pytest.mark.parametrize("family", list(kdist.zoo.tiny_entries()))
-def test_auto_rules_lint_clean_on_every_covered_backbone(family):
-    pytest.importorskip("keras_hub")
-    backbone = kdist.abstract_model(kdist.zoo.tiny_entries()[family])
+def test_auto_rules_lint_clean_on_every_covered_backbone(family, tiny_backbones):
+    backbone = tiny_backbones[family]
     for mesh in ("1x8", "2x4", "4x2", "8x1"):
         report = lint("auto", backbone, mesh)
         assert report.ok, report

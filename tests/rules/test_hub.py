@@ -18,14 +18,9 @@ TINY = tiny_entries()
 
 
 @pytest.fixture(scope="module")
-def backbones():
+def backbones(tiny_backbones):
     """Family -> list of (path, shape) of its tiny backbone's variables."""
-    built = {}
-    for family, build in TINY.items():
-        keras.backend.clear_session(free_memory=False)  # fresh layer names, without a slow gc pass
-        model = kdist.abstract_model(build)
-        built[family] = [(v.path, tuple(v.shape)) for v in model.weights]
-    return built
+    return {family: [(v.path, tuple(v.shape)) for v in model.weights] for family, model in tiny_backbones.items()}
 
 
 NORM_OR_BIAS = re.compile(r".*(bias|(norm|ln)[^/]*/(scale|gamma|beta|weight))")
