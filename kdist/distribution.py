@@ -123,6 +123,24 @@ class ShardedDistribution(ModelParallel):
             "it (a model-parallel mesh such as 'tp' splits no batch)."
         )
 
+    def distribute_tf_dataset(self, dataset):
+        """Keras's per-process sharding of a batched tf.data dataset, keeping its known number of batches.
+
+        Keras rebatches and shards the dataset so each process reads its piece
+        of every global batch; the result's cardinality is unknown to
+        tf.data, so every process warned "Your input ran out of data" at the
+        end of its first epoch. Each process gets exactly one piece per global
+        batch, so the count is the input's when its batches all have the same size.
+        """
+        import tensorflow as tf  # optional dependency: Keras calls this only for tf.data datasets
+
+        batches = int(dataset.cardinality())
+        distributed = super().distribute_tf_dataset(dataset)
+        static = all(s.shape.rank and s.shape[0] is not None for s in tf.nest.flatten(dataset.element_spec))
+        if batches >= 0 and static:
+            distributed = distributed.apply(tf.data.experimental.assert_cardinality(batches))
+        return distributed
+
     def get_variable_layout(self, variable):
         layout = own_layout(variable)
         if layout is not None:

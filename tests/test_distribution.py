@@ -21,7 +21,10 @@ def test_predict_with_fewer_examples_than_the_batch_axes_names_the_fix(spec, exa
     with dist.scope(), pytest.raises(kdist.BatchSizeError) as error:
         model.predict(np.zeros((examples, 28, 28, 1), np.float32), verbose=0)
     message = str(error.value)
-    assert f"A batch of {examples} example(s) does not divide over the {shards} batch shards of kdist.preset({spec!r})" in message
+    assert (
+        f"A batch of {examples} example(s) does not divide over the {shards} batch shards of kdist.preset({spec!r})"
+        in message
+    )
     assert f"multiples of {shards}" in message and "pad the inputs" in message
 
 
@@ -50,7 +53,31 @@ def test_generate_with_one_prompt_on_a_data_axis_names_the_fix():
         )
         lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
         prompt = {"token_ids": np.ones((1, 8), "int32"), "padding_mask": np.ones((1, 8), "bool")}
-        with pytest.raises(kdist.BatchSizeError, match=r"batch of 1 example\(s\) does not divide over the 2 batch shards"):
+        with pytest.raises(
+            kdist.BatchSizeError, match=r"batch of 1 example\(s\) does not divide over the 2 batch shards"
+        ):
             lm.generate(prompt, stop_token_ids=None)
         two = {k: np.repeat(v, 2, axis=0) for k, v in prompt.items()}
         assert lm.generate(two, stop_token_ids=None)["token_ids"].shape == (2, 8)
+
+
+def test_a_dataset_sharded_over_processes_keeps_its_number_of_batches():
+    tf = pytest.importorskip("tensorflow")
+    dist = kdist.preset("2x4")
+    dist._num_processes, dist._process_id, dist._is_multi_process = 2, 1, True  # as process 1 of 2 sees it
+    dataset = kdist.make_dataset(
+        np.zeros((96, 3), np.float32), np.zeros(96, np.int32), global_batch_size=32, distribution=dist
+    )
+    sharded = dist.distribute_dataset(dataset)
+    assert int(sharded.cardinality()) == 3  # Keras knows the epoch's length: no "ran out of data" warning
+    assert [x.shape[0] for x, _ in sharded] == [16, 16, 16]
+    plain = super(kdist.ShardedDistribution, dist).distribute_tf_dataset(dataset)
+    assert int(plain.cardinality()) == tf.data.UNKNOWN_CARDINALITY  # what Keras alone gives
+
+
+def test_the_data_helpers_without_tensorflow_name_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # makes `import tensorflow` fail
+    with pytest.raises(kdist.MissingDependencyError, match=r"pip install 'kdist\[data\]'"):
+        kdist.make_dataset(np.zeros((8, 3)), global_batch_size=8, distribution=kdist.preset("dp"))

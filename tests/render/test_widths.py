@@ -50,9 +50,7 @@ def test_lint_report_at_80_columns():
         kdist.RuleSet([(r"nothing/matches/this/rule/at/all/kernel", ("...", "model"))]), model, "data=2,fsdp=2,model=2"
     )
     text = _lines(report)
-    _check(
-        text, "feedforward_intermediate_dense_with_a_long_name/kernel", "nothing/matches/this/rule/at/all/kernel"
-    )
+    _check(text, "feedforward_intermediate_dense_with_a_long_name/kernel", "nothing/matches/this/rule/at/all/kernel")
 
 
 def test_plan_at_80_columns_shows_the_ranking_the_recommendation_and_why():

@@ -1,4 +1,4 @@
-"""Variables that follow their kernel's actual placement: LoRA adapters (fallbacks included) and column-parallel biases."""
+"""Variables that follow their kernel's actual placement: LoRA adapters (fallbacks included) and biases."""
 
 import pytest
 

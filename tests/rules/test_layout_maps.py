@@ -21,7 +21,10 @@ def _map(pairs, mesh):
 
 
 def _specs(model):
-    return {v.path: tuple(v.value.sharding.spec) + (None,) * (len(v.shape) - len(v.value.sharding.spec)) for v in model.variables}
+    return {
+        v.path: tuple(v.value.sharding.spec) + (None,) * (len(v.shape) - len(v.value.sharding.spec))
+        for v in model.variables
+    }
 
 
 def test_an_exact_key_wins_over_a_regex_key_inserted_before_it():
@@ -36,7 +39,10 @@ def test_an_exact_key_wins_over_a_regex_key_inserted_before_it():
         got = _specs(mnist_mlp())
     assert expected["mlp/d1/kernel"] == ("model", None)  # Keras: the exact key wins
     assert got == expected
-    assert dist.placements["mlp/d1/kernel"].source == "layout_map" and dist.placements["mlp/d1/kernel"].rule == "mlp/d1/kernel"
+    assert (
+        dist.placements["mlp/d1/kernel"].source == "layout_map"
+        and dist.placements["mlp/d1/kernel"].rule == "mlp/d1/kernel"
+    )
 
 
 def test_a_path_matching_two_keys_is_an_error_naming_both():
@@ -44,14 +50,18 @@ def test_a_path_matching_two_keys_is_an_error_naming_both():
     with pytest.raises(ValueError, match="matches multiple layout"), ModelParallel(layout_map=layout_map).scope():
         mnist_mlp()
     keras.backend.clear_session()
-    with pytest.raises(RuleError, match=r"'mlp/d1/kernel' matches multiple layout specification keys.*mlp/d1/\.\*.*\.\*/kernel"):
+    with pytest.raises(
+        RuleError, match=r"'mlp/d1/kernel' matches multiple layout specification keys.*mlp/d1/\.\*.*\.\*/kernel"
+    ):
         with kdist.preset("2x4", rules=layout_map).scope():
             mnist_mlp()
 
 
 def test_activation_layouts_of_the_keras_guide_are_honoured():
     mesh = kdist.mesh("2x4")
-    layout_map = _map([("mlp/d1/kernel", (None, "model")), ("mlp/d1/bias", ("model",)), ("mlp/d2/output", ("data", None))], mesh)
+    layout_map = _map(
+        [("mlp/d1/kernel", (None, "model")), ("mlp/d1/bias", ("model",)), ("mlp/d2/output", ("data", None))], mesh
+    )
     dist = kdist.preset("2x4", rules=layout_map)
     keras_dist = ModelParallel(layout_map=layout_map, batch_dim_name="data")
     for d in (dist, keras_dist):
@@ -128,7 +138,11 @@ def test_generated_maps_place_alike_everywhere(transformer, seed):
                 dist.place(path, shape)
             continue
         assert path not in multiple, path
-        expected = tuple(layout.axes) + (None,) * (len(shape) - len(layout.axes)) if layout is not None else (None,) * len(shape)
+        expected = (
+            tuple(layout.axes) + (None,) * (len(shape) - len(layout.axes))
+            if layout is not None
+            else (None,) * len(shape)
+        )
         if layout is not None and len(layout.axes) > len(shape):
             assert path in rank_errors
             with pytest.raises(RuleError, match="dimensions"):
@@ -138,6 +152,8 @@ def test_generated_maps_place_alike_everywhere(transformer, seed):
         assert report.placements[path] == expected, path
     if not multiple and not rank_errors:
         inspected = {v.path: v.spec for v in kdist.inspect(transformer, dist).variables}
-        keras_inspected = {v.path: v.spec for v in kdist.inspect(transformer, ModelParallel(layout_map=layout_map)).variables}
+        keras_inspected = {
+            v.path: v.spec for v in kdist.inspect(transformer, ModelParallel(layout_map=layout_map)).variables
+        }
         assert inspected == keras_inspected
         assert inspected == {p: dist.place(p, s).axes for p, s in variables.items()}

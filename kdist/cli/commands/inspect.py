@@ -7,6 +7,7 @@ from rich.console import Console
 from kdist.cli.commands._shared import devices_for, positive
 from kdist.inspection.inspector import inspect
 from kdist.planning.auto import preset
+from kdist.render.progress import steps
 from kdist.zoo import MODEL_HELP, load_model
 
 
@@ -41,8 +42,11 @@ def register(commands, common):
 
 
 def run(args):
-    model = load_model(args.model)  # abstract: no weights allocated
-    report = inspect(model, preset(args.mesh, rules=args.rules), optimizer=args.optimizer)
+    with steps("kdist inspect", 2) as progress:
+        progress.next(f"building {args.model} abstractly")
+        model = load_model(args.model)  # abstract: no weights allocated
+        progress.next(f"laying it out on {args.mesh}")
+        report = inspect(model, preset(args.mesh, rules=args.rules), optimizer=args.optimizer)
     if args.var:
         report = report.select(args.var)
     if args.json:

@@ -4,6 +4,7 @@ from rich.console import Console
 
 from kdist.cli.commands._shared import non_negative
 from kdist.linting.lint import SIZE_THRESHOLD, lint
+from kdist.render.progress import steps
 from kdist.zoo import MODEL_HELP, load_model
 
 
@@ -41,8 +42,11 @@ def register(commands, common):
 
 def run(args):
     threshold = SIZE_THRESHOLD if args.size_threshold is None else args.size_threshold
-    model = load_model(args.model)  # abstract: no weights allocated
-    report = lint(args.rules, model, mesh=args.mesh, size_threshold=threshold)
+    with steps("kdist lint", 2) as progress:
+        progress.next(f"building {args.model} abstractly")
+        model = load_model(args.model)  # abstract: no weights allocated
+        progress.next(f"linting on {args.mesh}")
+        report = lint(args.rules, model, mesh=args.mesh, size_threshold=threshold)
     if args.json:
         print(report.to_json(indent=2))
     else:
