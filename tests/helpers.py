@@ -23,3 +23,18 @@ def train_losses(
         return fit()
     with distribution.scope():
         return fit()
+
+
+def raises_clearly(call, error, *words):
+    """Assert `call()` raises kdist's `error` whose message contains every one of `words` (a bad-input table row)."""
+    import pytest
+
+    import kdist
+
+    with pytest.raises(error) as caught:
+        call()
+    assert isinstance(caught.value, kdist.KdistError), (
+        f"{type(caught.value).__name__} is not a kdist error: {caught.value}"
+    )
+    for word in words:
+        assert word in str(caught.value), f"{word!r} not in: {caught.value}"

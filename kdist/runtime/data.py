@@ -12,7 +12,9 @@ import math
 
 import keras
 
-from kdist.errors import BatchSizeError, MissingDependencyError
+from kdist.checks import non_negative_int
+from kdist.errors import ArgumentError, ArgumentTypeError, BatchSizeError, MissingDependencyError
+from kdist.presets import build_preset
 
 
 def num_replicas(distribution=None):
@@ -144,8 +146,13 @@ def make_dataset(
             raise BatchSizeError(
                 f"With drop_remainder=False the last batch has {count % batch} examples. {e}"
             ) from None
-    if shuffle not in (False, True, "once"):
-        raise BatchSizeError(f'shuffle must be False, True or "once"; received {shuffle!r}.')
+    if not (shuffle is True or shuffle is False or shuffle == "once"):
+        raise ArgumentError(f'shuffle must be False, True or "once"; received {shuffle!r}.')
+    for name, value in (("drop_remainder", drop_remainder), ("repeat", repeat)):
+        if not isinstance(value, bool):
+            raise ArgumentTypeError(f"{name} must be True or False; received {value!r}.")
+    if seed is not None:
+        non_negative_int(seed, "seed")
     dataset = tf.data.Dataset.from_tensor_slices(data)
     if shuffle:
         seed = 0 if seed is None else seed  # every process must draw the same order
@@ -247,7 +254,12 @@ def _resolve_batch(global_batch, per_replica, distribution):
 
 
 def _num_examples(data):
-    sizes = {len(a) for a in keras.tree.flatten(data)}
+    leaves = keras.tree.flatten(data)
+    if not leaves or not all(hasattr(a, "__len__") and hasattr(a, "shape") for a in leaves):
+        raise ArgumentTypeError(
+            f"x, y and sample_weight must be arrays (or nested structures of arrays); received {type(data).__name__}."
+        )
+    sizes = {len(a) for a in leaves}
     if len(sizes) != 1:
         raise BatchSizeError(
             f"x, y and sample_weight must have the same number of examples; received sizes {sorted(sizes)}."
@@ -256,9 +268,17 @@ def _num_examples(data):
 
 
 def _distribution(distribution):
-    if distribution is not None:
-        return distribution
-    return keras.distribution.distribution()
+    """The distribution: the one given (a spec string builds its preset), else the one in force (or None)."""
+    if distribution is None:
+        return keras.distribution.distribution()
+    if isinstance(distribution, str):
+        return build_preset(distribution)
+    if not hasattr(distribution, "device_mesh"):
+        raise ArgumentTypeError(
+            "distribution must be a keras.distribution.Distribution, a kdist spec such as '2x4', or None for "
+            f"the one in force; received {type(distribution).__name__} {distribution!r}."
+        )
+    return distribution
 
 
 def _num_processes(distribution):

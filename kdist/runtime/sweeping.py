@@ -16,6 +16,8 @@ import keras
 import numpy as np
 
 from kdist.abstract import abstract_model
+from kdist.checks import non_negative_int
+from kdist.devices import resolve_devices
 from kdist.errors import ArgumentError, ArgumentTypeError
 from kdist.inspection.inspector import inspect
 from kdist.jax_internals import compile_train_step, memory_limit, xla_memory
@@ -28,7 +30,7 @@ from kdist.render.progress import steps as steps_progress
 from kdist.runtime.data import check_batch_size
 from kdist.runtime.sweep_result import SweepResult, SweepRow
 from kdist.runtime.timing import record_times, run_steps, step_losses, timed_steps
-from kdist.units import human_bytes
+from kdist.units import human_bytes, parse_size
 
 
 def sweep(
@@ -102,6 +104,9 @@ def sweep(
     Returns:
         A `SweepResult`.
     """
+    if not callable(build_model):
+        raise ArgumentTypeError(f"build_model must be a function returning a Keras model; received {build_model!r}.")
+    devices = resolve_devices(devices) if devices is not None else None
     specs = _mesh_specs(meshes, devices)
     x, y = _unpack(data)
     n = _num_samples(x)
@@ -111,11 +116,18 @@ def sweep(
         raise ArgumentError(
             f"batch_size={batch_size} is larger than the {n} samples in data; pass more data or a smaller batch_size."
         )
-    device_memory = (
-        memory_limit((list(devices) if devices is not None else jax.devices())[0])
-        if device_memory == "auto"
-        else device_memory
-    )
+    for name, value in (("strict", strict), ("direct_check", direct_check), ("progress", progress)):
+        if not isinstance(value, bool):
+            raise ArgumentTypeError(f"{name} must be True or False; received {value!r}.")
+    non_negative_int(seed, "seed")
+    if device_memory == "auto":
+        device_memory = memory_limit((devices or jax.devices())[0])
+    elif device_memory is not None:
+        device_memory = parse_size(device_memory, "device_memory")
+    if not (estimate in ("planner", None) or callable(estimate)):
+        raise ArgumentError(
+            f'estimate must be "planner", None or a function (model, distribution) -> bytes; received {estimate!r}.'
+        )
     if estimate == "planner":
         num_devices = len(devices) if devices is not None else jax.device_count()
         estimate = _default_estimate(
