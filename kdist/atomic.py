@@ -1,6 +1,8 @@
 """Writing files and directories atomically: to a temporary sibling, then renamed into place.
 
-A reader never sees half a file, and a failed write leaves what was there.
+A reader never sees half a file, and a failed write leaves what was there:
+the old content is replaced only once the new one is complete, and deleted
+only after the new one is in place.
 """
 
 import contextlib
@@ -10,7 +12,14 @@ import tempfile
 
 
 def write_text(path, text):
-    """Write `text` to `path` atomically (a temporary file in the same directory, then `os.replace`)."""
+    """Write `text` to `path` atomically (a temporary file in the same directory, then `os.replace`).
+
+    Example:
+
+    ```python
+    write_text("/tmp/report.json", '{"ok": true}')
+    ```
+    """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
@@ -24,6 +33,60 @@ def write_text(path, text):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    sync_directory(directory)
+
+
+def sibling(path, tag):
+    """A hidden sibling of `path` named after it and `tag` ("/a/ckpt", "new" -> "/a/.ckpt.new").
+
+    The name is the same in every process, so processes that share a file
+    system agree on it without talking to each other.
+    """
+    path = os.path.abspath(os.fspath(path))
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{tag}")
+
+
+def replace_directory(new, path):
+    """Move the complete directory `new` to `path`, replacing what is there; the old content is deleted last.
+
+    `path` is renamed aside first (so `path` is, at every moment, either the
+    old or the new content, and briefly absent), then `new` is renamed onto
+    it, and only then is the old content deleted.
+    """
+    new, path = os.path.abspath(os.fspath(new)), os.path.abspath(os.fspath(path))
+    old = None
+    if os.path.lexists(path):
+        old = sibling(path, f"old{os.getpid()}")
+        remove(old)
+        os.replace(path, old)
+    try:
+        os.replace(new, path)
+    except BaseException:
+        if old is not None and not os.path.lexists(path):
+            os.replace(old, path)  # put the old content back
+        raise
+    sync_directory(os.path.dirname(path))
+    if old is not None:
+        remove(old)
+
+
+def remove(path):
+    """Delete a file, link or directory tree at `path` if there is one."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def sync_directory(directory):
+    """Flush a directory's entries (renames, new files) to disk, where the platform allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
@@ -32,6 +95,13 @@ def staged_directory(path):
 
     The caller checks beforehand that replacing `path` is allowed. The old
     content is moved aside first and deleted only after the new one is in place.
+
+    Example:
+
+    ```python
+    with staged_directory("/tmp/out") as staging:
+        write_text(os.path.join(staging, "a.txt"), "a")
+    ```
     """
     path = os.path.abspath(os.fspath(path))
     parent = os.path.dirname(path)
@@ -42,13 +112,4 @@ def staged_directory(path):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    old = None
-    if os.path.lexists(path):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".old", dir=parent)
-        os.rmdir(old)
-        os.replace(path, old)
-    os.replace(staging, path)
-    if old is not None and os.path.isdir(old):
-        shutil.rmtree(old, ignore_errors=True)
-    elif old is not None:
-        os.unlink(old)
+    replace_directory(staging, path)

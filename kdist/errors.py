@@ -113,8 +113,8 @@ class ClusterError(KdistError, ValueError):
     """
 
 
-class LaunchError(KdistError, RuntimeError):
-    """The launcher was given an unusable command, process count, timeout or address.
+class LaunchError(KdistError, ValueError):
+    """The launcher was given an unusable command, process count, timeout or address (a run's failure is its result).
 
     Fix: the message names the argument and the accepted values.
     """

@@ -9,8 +9,9 @@
 - `Placer`: rules + shape fallbacks + FSDP on a mesh: where each variable goes.
 """
 
+from kdist.rules.compose import AUTO, with_lora
 from kdist.rules.files import load_rules, save_rules
-from kdist.rules.hub import AUTO, FAMILIES, with_lora
+from kdist.rules.hub import FAMILIES
 from kdist.rules.keras_core import KERAS_CORE
 from kdist.rules.layout_map import LayoutMapRules, to_layout_map
 from kdist.rules.placement import Placement

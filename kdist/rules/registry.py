@@ -6,8 +6,9 @@ from keras.distribution import LayoutMap
 
 from kdist.errors import ArgumentTypeError, RuleError
 from kdist.meshes.roles import RULE_ROLES
+from kdist.rules.compose import AUTO, with_lora
 from kdist.rules.files import FORMATS, load_rules
-from kdist.rules.hub import AUTO, FAMILIES, with_lora
+from kdist.rules.hub import FAMILIES
 from kdist.rules.keras_core import KERAS_CORE
 from kdist.rules.layout_map import LayoutMapRules
 from kdist.rules.placer import FSDP_MIN_SIZE, Placer
@@ -30,7 +31,7 @@ def get_rules(name, *, lora=False):
 
     Args:
         name: a rule set name ("auto", "keras-core", "llama", "gemma", ...) or a file path.
-        lora: shard LoRA adapters like their kernels (see `kdist.rules.hub.with_lora`)
+        lora: shard LoRA adapters like their kernels (see `kdist.rules.with_lora`)
             instead of replicating them.
     """
     if not isinstance(name, (str, pathlib.Path)):

@@ -1,4 +1,4 @@
-"""Sharded checkpoints that restore onto any mesh, through Orbax.
+"""Sharded checkpoints that restore onto any mesh, through Orbax; loads that change nothing when they fail.
 
 `save_sharded(model, path)` writes the model's whole state (weights,
 optimizer state, metric state) with orbax-checkpoint: every process writes
@@ -7,26 +7,56 @@ on one host. `load_sharded(model, path)` reads it into a model built under
 any distribution: each device reads only the slices its variables' current
 shardings ask for.
 
+Both ways are atomic. A save goes to a hidden sibling directory and is
+renamed into place once complete; `overwrite=True` replaces only a
+checkpoint, never an ordinary file or another directory. A load reads and
+checks everything (structure, shapes, dtypes, kdist's checksums) before it
+assigns anything, and puts every variable back if an assignment fails.
+
 The checkpoint holds the tree of `model.get_state_tree()` under the
 checkpointable name "pytree", the format of `keras.callbacks.OrbaxCheckpoint`,
-so `model.load_weights(path)` (with a distribution set) reads it too.
+so `model.load_weights(path)` (with a distribution set) reads it too, plus
+`kdist_checkpoint.json`: each variable's shape, dtype and checksum.
 
 Needs the `orbax-checkpoint` package (`pip install orbax-checkpoint`).
 """
 
+import json
 import os
 
 import jax
+import keras
+from jax.experimental import multihost_utils
 
-from kdist.errors import MissingDependencyError
-
-KINDS = ("trainable_variables", "non_trainable_variables", "optimizer_variables", "metrics_variables")
-REQUIRED = ("trainable_variables", "non_trainable_variables")
-CHECKPOINTABLE = "pytree"
+from kdist.atomic import remove, replace_directory, sibling, write_text
+from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, ModelError
+from kdist.keras_internals import is_live
+from kdist.runtime.checkpoint_reading import (
+    CHECKPOINTABLE,
+    FORMAT,
+    KERAS_FILES,
+    KINDS,
+    MARKER,
+    REQUIRED,
+    checkpoint_dir,
+    flat_variables,
+    flatten,
+    is_checkpoint,
+    match_checkpoint,
+    open_checkpoint,
+    orbax,
+    read_arrays,
+)
+from kdist.runtime.checksums import checksums
+from kdist.runtime.restore import assign_all, load_keras_file
 
 
 def save_sharded(model, path, *, overwrite=False):
-    """Save `model`'s state as a sharded Orbax checkpoint in directory `path`.
+    """Save `model`'s state as a sharded Orbax checkpoint in directory `path`, atomically.
+
+    Every process of a multi-process run must call it. The checkpoint is
+    written to a hidden sibling directory and renamed to `path` once it is
+    complete, so `path` always holds either the old checkpoint or the new one.
 
     Example:
 
@@ -39,29 +69,51 @@ def save_sharded(model, path, *, overwrite=False):
     Args:
         model: a built `keras.Model` (optimizer and metric state are saved
             when they exist).
-        path: a directory; it must not exist unless `overwrite=True`.
-        overwrite: replace an existing checkpoint at `path`.
+        path: a directory (str or path-like); it must not exist, be empty,
+            or, with `overwrite=True`, be a checkpoint.
+        overwrite: replace an existing checkpoint at `path`. Anything else at
+            `path` (an ordinary file, a directory that is not a checkpoint)
+            is never replaced.
+
+    Raises:
+        CheckpointError: `path` exists (without `overwrite=True`), is not a
+            checkpoint, or cannot be written; nothing at `path` is changed.
+        ArgumentTypeError: `model` is not a keras.Model, `path` not a path, `overwrite` not a bool.
+        ModelError: the model is not built, or abstract (`kdist.abstract_model`).
     """
-    ocp = _orbax()
-    _require_values(model, "save_sharded")
-    path = os.path.abspath(os.fspath(path))
-    if os.path.exists(path) and not overwrite:
-        raise FileExistsError(
-            f"Checkpoint directory {path!r} already exists: pass overwrite=True to replace it, or choose another path."
-        )
-    ocp.save_checkpointables(path, {CHECKPOINTABLE: _state_tree(model)}, overwrite=overwrite)
+    require_model(model, "save_sharded")
+    path = check_path(path, "save_sharded(path)")
+    if not isinstance(overwrite, bool):
+        raise ArgumentTypeError(f"save_sharded: overwrite must be True or False; received overwrite={overwrite!r}.")
+    _check_target(path, overwrite)
+    staging = sibling(path, "kdist-staging")
+    write_checkpoint(model, staging)
+    failed = None
+    if jax.process_index() == 0:
+        try:
+            replace_directory(staging, path)
+        except OSError as e:
+            failed = e
+    barrier("kdist_save_sharded")  # before raising: the other processes wait here
+    if failed is not None:
+        raise CheckpointError(f"Cannot move the new checkpoint into place at {path!r}: {failed}.") from failed
 
 
 def load_sharded(model, path):
-    """Load a checkpoint written by `save_sharded` into `model`, on its current layouts.
+    """Load a checkpoint into `model`, on its current layouts; on any failure nothing is changed.
 
-    Build the model under the distribution you want (any mesh), compile it
-    if you want the optimizer state back, then load: each variable is read
-    straight into its own sharding. Weights (trainable and non-trainable)
-    must all be in the checkpoint with the same shapes. Optimizer and metric
+    `path` is a checkpoint written by `save_sharded` (or a
+    `keras.callbacks.OrbaxCheckpoint` step directory, or its root: the
+    latest step), or a Keras `.weights.h5` / `.keras` file. Build the model
+    under the distribution you want (any mesh), compile it if you want the
+    optimizer state back, then load: each variable is read straight into its
+    own sharding. Weights (trainable and non-trainable) must all be in the
+    checkpoint with the same shapes and dtypes. Optimizer and metric
     variables are loaded when both sides have them: an uncompiled model
     loads only the weights, and a compiled model's optimizer is built first
-    so its state can be restored.
+    so its state can be restored. Everything is read and checked before
+    anything is assigned (a Keras file is loaded by `model.load_weights`,
+    and every variable is put back if it fails).
 
     Example:
 
@@ -76,30 +128,25 @@ def load_sharded(model, path):
         checkpoint, not in the model) and "not_in_checkpoint" (optimizer or
         metric variables of the model the checkpoint lacks; they keep their
         values).
+
+    Raises:
+        CheckpointError: the checkpoint is missing, unreadable, corrupted
+            (a checksum differs) or does not fit the model; every variable
+            keeps its value.
     """
-    ocp = _orbax()
-    path = _checkpoint_dir(os.path.abspath(os.fspath(path)))
-    _require_values(model, "load_sharded")
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and not optimizer.built:
-        optimizer.build(model.trainable_variables)
-    tree = ocp.metadata(path, checkpointable_name=CHECKPOINTABLE).metadata
-    saved = _flatten(tree)
-    current = _flat_variables(model)
-    _check_weights(saved, current, path)
-
-    def abstract(key):
-        if key not in current:
-            return ocp.PLACEHOLDER
-        value = current[key].value
-        return jax.ShapeDtypeStruct(tuple(value.shape), value.dtype, sharding=value.sharding)
-
-    # The abstract tree must keep the saved structure, empty groups included.
-    request = _map_leaves(tree, abstract)
-    loaded = _flatten(ocp.load_checkpointables(path, {CHECKPOINTABLE: request})[CHECKPOINTABLE])
-    for key, value in loaded.items():
-        if key in current:
-            current[key].assign(value)
+    require_model(model, "load_sharded")
+    path = check_path(path, "load_sharded(path)")
+    if path.endswith(KERAS_FILES) and not os.path.isdir(path):
+        return load_keras_file(model, path)
+    directory = checkpoint_dir(path)
+    marker, tree = open_checkpoint(directory)
+    saved = flatten(tree)
+    weights = {k: v for k, v in flat_variables(model).items() if k.startswith(REQUIRED)}
+    match_checkpoint(saved, weights, directory, REQUIRED)  # the weights first, before the optimizer is built
+    build_optimizer(model)
+    current = flat_variables(model)
+    match_checkpoint(saved, current, directory, REQUIRED)
+    assign_all(current, read_arrays(directory, tree, current, marker))
     return {
         "loaded": sorted(k.split("/", 1)[1] for k in saved if k in current),
         "skipped": sorted(k.split("/", 1)[1] for k in saved if k not in current),
@@ -107,99 +154,110 @@ def load_sharded(model, path):
     }
 
 
-def _orbax():
-    try:
-        import orbax.checkpoint as ocp  # an optional dependency: imported when a checkpoint is used
-    except ImportError as e:
-        raise MissingDependencyError(
-            "kdist.save_sharded/load_sharded need orbax-checkpoint: pip install orbax-checkpoint (or kdist[checkpoint])"
-        ) from e
-    return ocp.v1
+# --- Arguments ------------------------------------------------------------------------------------
 
 
-def _require_values(model, caller):
-    # A deferred variable (kdist.abstract_model) has no `_value`; reading `.value` would run its initializer.
-    deferred = [v.path for v in model.variables if getattr(v, "_value", True) is None]
+def require_model(model, caller):
+    """`model` if it is a built `keras.Model` whose variables exist, else a kdist error saying what to pass."""
+    if not isinstance(model, keras.Model):
+        raise ArgumentTypeError(f"{caller} needs a keras.Model; received model={_short(model)}.")
+    if not model.built or not model.variables:
+        raise ModelError(
+            f"{caller} needs a built model; {model.name!r} is not built (it has no variables yet). Give it a "
+            "keras.Input, call it on a batch or call model.build(input_shape) first."
+        )
+    # A deferred variable (kdist.abstract_model) has no array; reading `.value` would run its initializer.
+    deferred = [v.path for v in model.variables if not is_live(v)]
     if deferred:
-        raise ValueError(
+        raise ModelError(
             f"{caller} needs a model whose variables exist; {len(deferred)} are deferred (first: {deferred[0]!r}), "
             "as in a model from kdist.abstract_model. Build the model for real under the distribution you want."
         )
+    return model
 
 
-def _state_tree(model):
-    tree = {kind: {} for kind in KINDS}  # the four groups of `model.get_state_tree()`, even when empty
-    tree.update(_nest({key: v.value for key, v in _flat_variables(model).items()}))
-    return tree
+def check_path(path, name):
+    """`path` as an absolute path string; a kdist error for anything that is not a non-empty str or path-like."""
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
+        raise ArgumentTypeError(f"{name} must be a str or os.PathLike; received {_short(path)}.")
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip():
+        raise ArgumentError(f"{name} must be a non-empty path; received {path!r}.")
+    if "\x00" in text:
+        raise ArgumentError(f"{name} contains a NUL character; received {path!r}.")
+    return os.path.abspath(text)
 
 
-def _flat_variables(model):
-    """ "<kind>/<variable path>" -> variable, the keys of `model.get_state_tree()` joined by "/"."""
-    optimizer = getattr(model, "optimizer", None)
-    groups = {
-        "trainable_variables": model.trainable_variables,
-        "non_trainable_variables": model.non_trainable_variables,
-        "optimizer_variables": optimizer.variables if optimizer is not None and optimizer.built else [],
-        "metrics_variables": getattr(model, "metrics_variables", []),
-    }
-    out = {}
-    for kind, variables in groups.items():
-        for v in variables:
-            key = f"{kind}/{v.path}"
-            if key in out:
-                raise ValueError(
-                    f"Variable path {v.path!r} appears twice in model {model.name!r}; give its layers unique "
-                    "names so that a checkpoint can tell them apart."
-                )
-            out[key] = v
-    return out
-
-
-def _check_weights(saved, current, path):
-    missing = [k for k in current if k.split("/", 1)[0] in REQUIRED and k not in saved]
-    if missing:
-        raise ValueError(
-            f"Checkpoint {path!r} has no value for {len(missing)} weight(s) of the model, first: "
-            f"{missing[:3]}. Was it saved from the same model (same layer names)?"
-        )
-    differ = [
-        f"{key.split('/', 1)[1]!r}: {tuple(meta.shape)} in the checkpoint, {tuple(current[key].shape)} in the model"
-        for key, meta in saved.items()
-        if key in current and tuple(meta.shape) != tuple(current[key].shape)
-    ]
-    if differ:
-        raise ValueError(f"Checkpoint {path!r} does not fit the model; shapes differ: " + "; ".join(differ) + ".")
-
-
-def _checkpoint_dir(path):
-    """`path` itself, or its latest numbered step (a `keras.callbacks.OrbaxCheckpoint` directory)."""
+def _check_target(path, overwrite):
+    if not os.path.lexists(path):
+        return
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"No checkpoint directory at {path!r}.")
-    if os.path.isdir(os.path.join(path, CHECKPOINTABLE)):
-        return path
-    steps = [int(n) for n in os.listdir(path) if n.isdigit() and os.path.isdir(os.path.join(path, n))]
-    if steps:
-        return os.path.join(path, str(max(steps)))
-    raise FileNotFoundError(
-        f"{path!r} is not a kdist/Keras Orbax checkpoint: it has no {CHECKPOINTABLE!r} directory and no numbered steps."
-    )
+        raise CheckpointError(
+            f"save_sharded: {path!r} is a file, not a checkpoint directory; kdist never replaces it "
+            "(not even with overwrite=True). Choose another path."
+        )
+    if not os.listdir(path):
+        return  # an empty directory: nothing to lose
+    if not overwrite:
+        raise CheckpointError(
+            f"Checkpoint directory {path!r} already exists: pass overwrite=True to replace it, or choose another path."
+        )
+    if not is_checkpoint(path):
+        raise CheckpointError(
+            f"save_sharded: {path!r} is a directory that is not a checkpoint (no {MARKER}, no Orbax "
+            f"{CHECKPOINTABLE}/ directory); overwrite=True replaces only checkpoints, so it was left as it is. "
+            "Choose another path."
+        )
 
 
-def _flatten(tree, prefix=""):
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+# --- Writing --------------------------------------------------------------------------------------
 
 
-def _map_leaves(tree, fn, prefix=""):
-    return {
-        key: _map_leaves(value, fn, f"{prefix}{key}/") if isinstance(value, dict) else fn(f"{prefix}{key}")
-        for key, value in tree.items()
-    }
+def write_checkpoint(model, staging, extra=None):
+    """Write `model`'s state to directory `staging` (replacing a stale one), with kdist's marker last.
+
+    Collective: every process calls it. The caller moves `staging` into place.
+    """
+    ocp = orbax()
+    variables = flat_variables(model)
+    values = {key: v.value for key, v in variables.items()}
+    sums = checksums(values)
+    if jax.process_index() == 0:
+        remove(staging)
+        os.makedirs(os.path.dirname(staging), exist_ok=True)
+    barrier("kdist_checkpoint_staging")
+    tree = {kind: {} for kind in KINDS}  # the four groups of `model.get_state_tree()`, even when empty
+    tree.update(_nest(values))
+    try:
+        ocp.save_checkpointables(staging, {CHECKPOINTABLE: tree})
+        if jax.process_index() == 0:
+            marker = {
+                "format": FORMAT,
+                "version": 1,
+                "variables": {
+                    key: {"shape": list(v.shape), "dtype": str(v.dtype), "checksum": sums[key]}
+                    for key, v in values.items()
+                },
+                "extra": extra or {},
+            }
+            write_text(os.path.join(staging, MARKER), json.dumps(marker))
+    except Exception as e:
+        if jax.process_index() == 0:
+            remove(staging)
+        raise CheckpointError(f"Cannot write a checkpoint to {staging!r}: {type(e).__name__}: {e}") from e
+
+
+def build_optimizer(model):
+    """Build a compiled model's optimizer, so that its state can be restored into it."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+
+
+def barrier(name):
+    """Wait until every process of a multi-process run gets here (nothing to do in one process)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
 
 
 def _nest(flat):
@@ -211,3 +269,8 @@ def _nest(flat):
             node = node.setdefault(part, {})
         node[leaf] = value
     return tree
+
+
+def _short(value):
+    text = repr(value)
+    return f"{text[:80]}{'...' if len(text) > 80 else ''} ({type(value).__name__})"

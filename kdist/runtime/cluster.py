@@ -13,14 +13,17 @@ coordinator is, how many processes there are and which one this is, from
 and calls `keras.distribution.initialize` (that is `jax.distributed.initialize`).
 """
 
+import contextlib
 import dataclasses
 import json
 import os
+import re
 
 import jax
 import keras
 
-from kdist.errors import ClusterError
+from kdist.checks import is_int
+from kdist.errors import ArgumentTypeError, ClusterError
 from kdist.jax_internals import backends_initialized, in_distributed_run
 
 JOB_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
@@ -28,6 +31,8 @@ NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
 PROCESS_ID = "KERAS_DISTRIBUTION_PROCESS_ID"
 TF_CONFIG = "TF_CONFIG"
 CPU_COLLECTIVES = "KDIST_CPU_COLLECTIVES"
+BIND_ADDRESS = "JAX_COORDINATOR_BIND_ADDRESS"  # where process 0's coordination service listens (read by jax)
+_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
 
 # TF_CONFIG task types that take part in training, in process-id order: with
 # MultiWorkerMirroredStrategy the chief is worker 0 and the workers follow it.
@@ -55,11 +60,21 @@ class ClusterConfig:
     source: str = "arguments"
 
     def __post_init__(self):
+        if not isinstance(self.source, str):
+            raise ArgumentTypeError(f"ClusterConfig: source must be a string; received source={self.source!r}.")
+        if not isinstance(self.coordinator_address, str):
+            raise ArgumentTypeError(
+                f'{self.source}: coordinator_address must be a "host:port" string; '
+                f"received {self.coordinator_address!r} ({type(self.coordinator_address).__name__})."
+            )
         _check_address(self.coordinator_address, self.source)
         for name in ("num_processes", "process_id"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ClusterError(f"{self.source}: {name} must be an integer; received {value!r}.")
+            if not is_int(value):
+                raise ArgumentTypeError(
+                    f"{self.source}: {name} must be an integer; received {name}={value!r} ({type(value).__name__})."
+                )
+            object.__setattr__(self, name, int(value))
         if self.num_processes < 1:
             raise ClusterError(f"{self.source}: num_processes must be at least 1; received {self.num_processes}.")
         if not 0 <= self.process_id < self.num_processes:
@@ -179,7 +194,7 @@ def cluster_from_env(environ=None):
     return keras_config or tf_config
 
 
-def initialize(job_addresses=None, num_processes=None, process_id=None, *, cpu_collectives=None):
+def initialize(job_addresses=None, num_processes=None, process_id=None, *, cpu_collectives=None, bind_address=None):
     """Join a multi-process run: `keras.distribution.initialize` from arguments, KERAS_DISTRIBUTION_* or TF_CONFIG.
 
     Call it first thing in every process, before building a preset. Without
@@ -200,6 +215,8 @@ def initialize(job_addresses=None, num_processes=None, process_id=None, *, cpu_c
         num_processes: number of processes.
         process_id: this process's id.
         cpu_collectives: "gloo" or "mpi"; default KDIST_CPU_COLLECTIVES, else "gloo" on CPU.
+        bind_address: "host:port" where process 0's coordination service listens; default
+            JAX_COORDINATOR_BIND_ADDRESS, else the coordinator address.
 
     Returns:
         The `ClusterConfig` in force, or None for a single-process run.
@@ -209,6 +226,11 @@ def initialize(job_addresses=None, num_processes=None, process_id=None, *, cpu_c
             already ran a computation (too late to join a cluster).
     """
     global _initialized_config
+    _check_kinds(job_addresses, num_processes, process_id, cpu_collectives, bind_address)
+    if bind_address is not None:
+        _check_address(bind_address, "kdist.initialize(bind_address)")
+    if cpu_collectives is not None and cpu_collectives not in ("gloo", "mpi"):
+        raise ClusterError(f"cpu_collectives must be 'gloo' or 'mpi'; received {cpu_collectives!r}.")
     config = _from_arguments(job_addresses, num_processes, process_id) or cluster_from_env()
     if config is None:
         return None
@@ -220,12 +242,41 @@ def initialize(job_addresses=None, num_processes=None, process_id=None, *, cpu_c
         )
     _check_jax_not_started()
     _set_cpu_collectives(cpu_collectives)
-    keras.distribution.initialize(config.coordinator_address, config.num_processes, config.process_id)
+    bind = bind_address or os.environ.get(BIND_ADDRESS) or config.coordinator_address
+    with _environment(BIND_ADDRESS, bind):  # keras.distribution.initialize passes no bind address to jax
+        keras.distribution.initialize(config.coordinator_address, config.num_processes, config.process_id)
     _initialized_config = config
     return config
 
 
 _initialized_config = None  # the ClusterConfig this process joined
+
+
+def _check_kinds(job_addresses, num_processes, process_id, cpu_collectives, bind_address):
+    for name, value, accepted in (
+        ("job_addresses", job_addresses, 'a "host:port" string (or comma-separated addresses)'),
+        ("cpu_collectives", cpu_collectives, "'gloo' or 'mpi'"),
+        ("bind_address", bind_address, 'a "host:port" string'),
+    ):
+        if value is not None and not isinstance(value, str):
+            raise ArgumentTypeError(f"kdist.initialize: {name} must be {accepted} or None; received {name}={value!r}.")
+    for name, value in (("num_processes", num_processes), ("process_id", process_id)):
+        if value is not None and not is_int(value):
+            raise ArgumentTypeError(f"kdist.initialize: {name} must be an integer or None; received {name}={value!r}.")
+
+
+@contextlib.contextmanager
+def _environment(name, value):
+    """Set environment variable `name` to `value` inside the block, and restore it after."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _same_cluster(a, b):
@@ -279,6 +330,11 @@ def _config_from_values(job_addresses, num_processes, process_id, source):
 def _decode_tf_config(tf_config):
     if isinstance(tf_config, dict):
         return tf_config
+    if not isinstance(tf_config, (str, bytes)):
+        raise ArgumentTypeError(
+            f"tf_config must be a TF_CONFIG JSON string or its decoded dict; received {tf_config!r} "
+            f"({type(tf_config).__name__})."
+        )
     try:
         spec = json.loads(tf_config)
     except (TypeError, json.JSONDecodeError) as e:
@@ -289,9 +345,13 @@ def _decode_tf_config(tf_config):
 
 
 def _check_address(address, source):
-    host, sep, port = str(address).rpartition(":")
-    if not (isinstance(address, str) and sep and host and port.isdigit() and 0 < int(port) < 65536):
-        raise ClusterError(f'{source}: address {address!r} is not of the form "host:port".')
+    match = _ADDRESS.fullmatch(address) if isinstance(address, str) else None
+    if not match or not 0 < int(match.group(2)) < 65536:
+        where = f"{source}: " if source else ""
+        raise ClusterError(
+            f'{where}address {address!r} is not of the form "host:port" (a host name, an IPv4 address or '
+            "[IPv6 address], and a port from 1 to 65535)."
+        )
 
 
 def _describe(config):

@@ -1,27 +1,59 @@
-"""Run a script as N cooperating JAX processes on this machine, each with its own fake CPU devices.
+"""Run a script as N cooperating JAX processes on this machine, each with its own fake CPU devices; always end.
 
 `kdist.launch` (and `kdist launch`) start the processes the way a cluster
 scheduler would start one per host: each gets the KERAS_DISTRIBUTION_*
 variables that `kdist.initialize()` reads, a coordinator on loopback and CPU
 collectives (gloo), so a script written for N hosts runs unchanged on one.
+
+The run always ends: when a process raises, exits non-zero, is killed, or
+hangs (no output and no progress for `hang_timeout` seconds, or no
+heartbeat), the launcher stops every process and everything they started
+(`process_tree`), and names the process and its last output lines. Python
+targets run under `launch_child`, which reports an uncaught exception and
+ends the process at once (a JAX process would otherwise wait for its peers).
 """
 
+import contextlib
 import dataclasses
+import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
-import sys
+import tempfile
 import threading
 import time
+import uuid
 
+from kdist.checks import MAX_FAKE_DEVICES
 from kdist.devices import ENV_VAR as FAKE_DEVICES_VAR
 from kdist.devices import fake_devices_env, xla_flags_without_device_count
 from kdist.errors import LaunchError
-from kdist.runtime.cluster import CPU_COLLECTIVES, TF_CONFIG, ClusterConfig
+from kdist.runtime import launch_child
+from kdist.runtime.cluster import BIND_ADDRESS, CPU_COLLECTIVES, TF_CONFIG, ClusterConfig
+from kdist.runtime.launch_args import (
+    Options,
+    argv_of,
+    count,
+    cwd_of,
+    extra_env,
+    flag,
+    seconds,
+    stream_of,
+    wrong_kind,
+)
+from kdist.runtime.launch_watch import Watch
+from kdist.runtime.process_tree import MARKER, ProcessTree
 
 RANK_VAR = "KDIST_PROCESS_RANK"
+MAX_PROCESSES = 1024  # one machine: more is a typo
+DEFAULT_HANG_TIMEOUT = 300.0
+DEFAULT_GRACE_PERIOD = 5.0
+QUIET = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}  # TensorFlow's start-up notices
+with open(launch_child.__file__, encoding="utf-8") as _source:
+    BOOTSTRAP = _source.read()
 
 
 @dataclasses.dataclass
@@ -30,13 +62,16 @@ class LaunchResult:
 
     Attributes:
         returncode: 0 if every process succeeded; else the failing process's
-            exit code (1 if it was killed by a signal), or 130/143 when the
-            launcher itself was interrupted, 124 on timeout.
+            exit code (1 if it raised or was killed by a signal), 124 when a
+            process hung or the run timed out, 130/143 when the launcher
+            itself was interrupted.
         returncodes: each process's exit code (negative: killed by that signal).
-        failed_rank: the rank that failed first, or None.
+        failed_rank: the rank that failed (or hung) first, or None.
         message: a one-line account of how the run ended.
         outputs: each rank's output lines (only with `capture=True`).
         pids: each rank's process id (also its process group id).
+        last_lines: each rank's last output lines (up to 20), kept even without `capture`.
+        cause: "ok", "exception", "exit", "signal", "hang", "timeout" or "interrupted".
     """
 
     returncode: int
@@ -45,6 +80,17 @@ class LaunchResult:
     message: str
     outputs: list
     pids: list
+    last_lines: list = dataclasses.field(default_factory=list)
+    cause: str = "ok"
+
+    def report(self):
+        """The message, then the failed process's last output lines."""
+        lines = [self.message]
+        rank = self.failed_rank
+        if rank is not None and rank < len(self.last_lines) and self.last_lines[rank]:
+            lines.append(f"last {len(self.last_lines[rank])} output lines of process {rank}:")
+            lines += [f"  [rank {rank}] {line}" for line in self.last_lines[rank]]
+        return "\n".join(lines)
 
 
 def launch(
@@ -56,58 +102,74 @@ def launch(
     env=None,
     cwd=None,
     timeout=None,
-    grace_period=5.0,
+    hang_timeout=DEFAULT_HANG_TIMEOUT,
+    grace_period=DEFAULT_GRACE_PERIOD,
     stream="stdout",
     capture=False,
 ):
-    """Start `command` as `num_processes` processes of one JAX run on this machine.
+    """Start `command` as `num_processes` processes of one JAX run on this machine, and stop them all at the end.
 
     Each process gets `devices_per_process` fake CPU devices, its rank in
     KERAS_DISTRIBUTION_PROCESS_ID (and KDIST_PROCESS_RANK), the process count,
-    and the coordinator address (127.0.0.1 and a free port unless given).
-    Output lines are prefixed with "[rank N] ". When a process fails, the
-    others are stopped (SIGTERM to their process groups, SIGKILL after
-    `grace_period` seconds); Ctrl-C or SIGTERM to the launcher stops them all.
+    and the coordinator address (127.0.0.1 and a free port unless given; the
+    coordinator listens there only). Output lines are prefixed with
+    "[rank N] ". When a process fails (an exception, a non-zero exit, a
+    signal) or hangs, the others and everything they started are stopped
+    (SIGTERM, SIGKILL after `grace_period` seconds); Ctrl-C or SIGTERM to the
+    launcher stops them all too.
 
     Example:
 
     ```python
     result = kdist.launch("train.py", num_processes=2, devices_per_process=4)
-    assert result.returncode == 0, result.message
+    assert result.returncode == 0, result.report()
     ```
 
     Args:
         command: a script path ("train.py"), or an argv list: ["train.py", "--epochs", "2"],
-            ["-m", "pkg.module"] or ["-c", "code"] run with this Python; any other
-            list (["bash", "run.sh"]) runs as is.
-        num_processes: number of processes (>= 1).
-        devices_per_process: fake CPU devices per process; None for none: the
+            ["-m", "pkg.module"] or ["-c", "code"] run with this Python (with fault reports and a
+            heartbeat); any other list (["bash", "run.sh"]) runs as is.
+        num_processes: number of processes (1 to 1024).
+        devices_per_process: fake CPU devices per process (1 to 4096); None for none: the
             processes see the machine's real devices (fake-device variables
             inherited from this process are removed).
         coordinator_address: "host:port" for process 0's coordinator.
-        env: extra environment variables for every process.
-        cwd: working directory of the processes.
-        timeout: seconds after which all processes are stopped (None: no limit).
-        grace_period: seconds between SIGTERM and SIGKILL when stopping processes.
-        stream: where prefixed output goes: "stdout", a file object, or None.
+        env: extra environment variables for every process ({name: value}, strings).
+        cwd: working directory of the processes (an existing directory).
+        timeout: seconds after which all processes are stopped (> 0, or None: no limit).
+        hang_timeout: seconds after which a process counts as hung (> 0, or None: never):
+            a Python target that prints nothing while its main thread stays on
+            one line, or sends no heartbeat; any other command that prints nothing.
+        grace_period: seconds between SIGTERM and SIGKILL when stopping processes (>= 0).
+        stream: where prefixed output goes: "stdout", "stderr", a file object, or None.
         capture: keep each rank's output lines in `result.outputs`.
 
     Returns:
         A `LaunchResult`; `returncode` is 0 only if every process exited 0.
+
+    Raises:
+        LaunchError: an argument has a value the launcher cannot use (the message says which).
+        ArgumentTypeError: an argument is of the wrong kind.
+        ClusterError: `coordinator_address` is not "host:port".
     """
-    argv = _argv(command, cwd)
-    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
-        raise LaunchError(f"num_processes must be a positive integer; received {num_processes!r}.")
-    if devices_per_process is not None and (
-        isinstance(devices_per_process, bool) or not isinstance(devices_per_process, int) or devices_per_process < 1
-    ):
-        raise LaunchError(f"devices_per_process must be a positive integer or None; received {devices_per_process!r}.")
+    argv, bootstrapped = argv_of(command, cwd, BOOTSTRAP)
+    num_processes = count(num_processes, "num_processes", MAX_PROCESSES)
+    if devices_per_process is not None:
+        devices_per_process = count(devices_per_process, "devices_per_process", MAX_FAKE_DEVICES, "or None")
+    if coordinator_address is not None and not isinstance(coordinator_address, str):
+        wrong_kind("coordinator_address", coordinator_address, 'a "host:port" string or None')
     address = coordinator_address or f"127.0.0.1:{free_port()}"
     ClusterConfig(address, num_processes, 0, source="coordinator_address")  # validates the address
-    stream = sys.stdout if stream == "stdout" else stream
-    return _Run(
-        argv, num_processes, devices_per_process, address, env, cwd, timeout, grace_period, stream, capture
-    ).run()
+    options = Options(
+        env=extra_env(env),
+        cwd=cwd_of(cwd),
+        timeout=seconds(timeout, "timeout", allow_none=True),
+        hang_timeout=seconds(hang_timeout, "hang_timeout", allow_none=True),
+        grace=seconds(grace_period, "grace_period", zero=True),
+        stream=stream_of(stream),
+        capture=flag(capture, "capture"),
+    )
+    return _Run(argv, bootstrapped, num_processes, devices_per_process, address, options).run()
 
 
 def process_env(rank, num_processes, devices_per_process, coordinator_address, base=None, extra=None):
@@ -133,6 +195,9 @@ def process_env(rank, num_processes, devices_per_process, coordinator_address, b
             "PYTHONUNBUFFERED": "1",
         }
     )
+    env.setdefault(BIND_ADDRESS, coordinator_address)  # jax's default is every interface
+    for name, value in QUIET.items():
+        env.setdefault(name, value)
     env.update(extra or {})
     return env
 
@@ -144,123 +209,165 @@ def free_port(host="127.0.0.1"):
         return s.getsockname()[1]
 
 
-def _argv(command, cwd=None):
-    if isinstance(command, (str, os.PathLike)):
-        command = [os.fspath(command)]
-    command = [os.fspath(c) for c in command]
-    if not command:
-        raise LaunchError("launch needs a command: a script path or an argv list; received an empty command.")
-    first = command[0]
-    if first in ("-m", "-c") or first.endswith(".py"):
-        where = cwd or os.getcwd()
-        if first.endswith(".py") and not os.path.exists(os.path.join(where, first)):
-            raise LaunchError(f"Script {first!r} does not exist (working directory {where}).")
-        return [sys.executable, *command]
-    return command
+# --- The run --------------------------------------------------------------------------------------
 
 
 class _Run:
-    def __init__(self, argv, n, devices, address, env, cwd, timeout, grace_period, stream, capture):
-        self.argv, self.n, self.devices, self.address = argv, n, devices, address
-        self.extra_env, self.cwd, self.timeout, self.grace = env, cwd, timeout, grace_period
-        self.stream, self.capture = stream, capture
+    def __init__(self, argv, bootstrapped, n, devices, address, options):
+        self.argv, self.bootstrapped, self.n, self.devices, self.address = argv, bootstrapped, n, devices, address
+        self.options = options
+        self.launch_id = uuid.uuid4().hex
+        self.tree = ProcessTree(self.launch_id)
+        self.watch = Watch(n, bootstrapped, options.hang_timeout)
         self.outputs = [[] for _ in range(n)]
-        self.procs, self.readers = [], []
+        self.procs, self.threads = [], []
         self.exits = queue.Queue()  # (rank, code) in the order the processes ended
         self.lock = threading.Lock()
         self.interrupted = None
+        self.faults = None
 
     def run(self):
         handlers = self._install_signal_handlers()
+        self.faults = tempfile.mkdtemp(prefix="kdist-launch-")
         try:
             self._start()
-            code, rank, message = self._wait()
+            code, rank, message, cause = self._wait()
         finally:
-            self._stop_all()
-            for t in self.readers:
+            self.tree.stop(self.options.grace)
+            for p in self.procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # killed, but stuck in the kernel (D state)
+                    p.wait(timeout=10)
+            for t in self.threads:
                 t.join(timeout=2)
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+            shutil.rmtree(self.faults, ignore_errors=True)
         return LaunchResult(
-            code, [p.returncode for p in self.procs], rank, message, self.outputs, [p.pid for p in self.procs]
+            code,
+            [p.returncode for p in self.procs],
+            rank,
+            message,
+            self.outputs,
+            [p.pid for p in self.procs],
+            [list(w.tail) for w in self.watch.ranks],
+            cause,
         )
 
     def _start(self):
         for rank in range(self.n):
-            env = process_env(rank, self.n, self.devices, self.address, extra=self.extra_env)
+            env = process_env(rank, self.n, self.devices, self.address, extra=self.options.env)
+            env[MARKER] = self.launch_id
+            beat_read = beat_write = None
+            if self.bootstrapped:
+                beat_read, beat_write = os.pipe()
+                env[launch_child.HEARTBEAT_FD] = str(beat_write)
+                env[launch_child.FAULT_FILE] = self._fault_file(rank)
             try:
                 proc = subprocess.Popen(
                     self.argv,
                     env=env,
-                    cwd=self.cwd,
+                    cwd=self.options.cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # own process group: killpg reaches its children
+                    pass_fds=(beat_write,) if beat_write is not None else (),
                 )
             except OSError as e:
-                raise LaunchError(f"Cannot start process {rank} with command {self.argv}: {e}") from None
+                if beat_read is not None:
+                    os.close(beat_read)
+                raise LaunchError(
+                    f"Cannot start process {rank}: command {self.argv[0]!r} is not a .py script, and running it "
+                    f"failed: {e}."
+                ) from None
+            finally:
+                if beat_write is not None:
+                    os.close(beat_write)
             self.procs.append(proc)
-            reader = threading.Thread(target=self._forward, args=(rank, proc.stdout), daemon=True)
-            reader.start()
-            self.readers.append(reader)
+            self.tree.add(proc.pid)
+            self._thread(self._forward, rank, proc.stdout)
+            if beat_read is not None:
+                self._thread(self._heartbeats, rank, beat_read)
             # A waiter per process records exits in the order they happen, so the first failure is named.
-            threading.Thread(target=lambda r=rank, p=proc: self.exits.put((r, p.wait())), daemon=True).start()
+            self._thread(lambda r=rank, p=proc: self.exits.put((r, p.wait())))
+
+    def _thread(self, target, *args):
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self.threads.append(thread)
 
     def _forward(self, rank, pipe):
         for raw in iter(pipe.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
+            self.watch.output(rank, line)
             with self.lock:
-                if self.capture:
+                if self.options.capture:
                     self.outputs[rank].append(line)
-                if self.stream is not None:
-                    self.stream.write(f"[rank {rank}] {line}\n")
-                    self.stream.flush()
+                if self.options.stream is not None:
+                    try:
+                        self.options.stream.write(f"[rank {rank}] {line}\n")
+                        self.options.stream.flush()
+                    except (OSError, ValueError):  # a closed stream: keep reading, or the process would block
+                        pass
         pipe.close()
 
+    def _heartbeats(self, rank, fd):
+        with os.fdopen(fd, "rb") as pipe:
+            for raw in pipe:
+                self.watch.beat(rank, raw.decode(errors="replace").rstrip("\n"))
+
     def _wait(self):
-        """(return code, failed rank or None, message) once the run is over; the processes may still be running."""
+        """(return code, failed rank or None, message, cause) once the run is over; processes may still run."""
         start = time.monotonic()
-        finished = set()
+        finished, next_scan = set(), 0.0
         while True:
             if self.interrupted is not None:
                 name = signal.Signals(self.interrupted).name
-                return 128 + self.interrupted, None, f"launcher received {name}: stopped all {self.n} processes"
+                message = f"launcher received {name}: stopped all {self.n} processes"
+                return 128 + self.interrupted, None, message, "interrupted"
             try:
-                rank, code = self.exits.get(timeout=0.05)
+                rank, code = self.exits.get(timeout=0.1)
             except queue.Empty:
-                if self.timeout is not None and time.monotonic() - start > self.timeout:
+                now = time.monotonic()
+                if now >= next_scan:
+                    self.tree.scan()  # keeps track of children that leave their process group
+                    next_scan = now + 0.5
+                timeout = self.options.timeout
+                if timeout is not None and now - start > timeout:
                     running = sorted(set(range(self.n)) - finished)
-                    return (
-                        124,
-                        None,
-                        f"timed out after {self.timeout} s with processes {running} still running; stopped them",
-                    )
+                    message = f"timed out after {timeout:g} s with processes {running} still running; stopped them"
+                    return 124, None, message, "timeout"
+                hung = self.watch.hung(now, finished)
+                if hung is not None:
+                    rank, what = hung
+                    return 124, rank, f"process {rank} (pid {self.procs[rank].pid}) {what}; stopped the run", "hang"
                 continue
             finished.add(rank)
             if code != 0:
-                how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
-                return (
-                    code if code > 0 else 1,
-                    rank,
-                    f"process {rank} (pid {self.procs[rank].pid}) {how}; stopped the others",
-                )
+                return self._failure(rank, code)
             if len(finished) == self.n:
-                return 0, None, f"all {self.n} processes exited with code 0"
+                return 0, None, f"all {self.n} processes exited with code 0", "ok"
 
-    def _stop_all(self):
-        alive = [p for p in self.procs if p.poll() is None]
-        for p in alive:
-            _killpg(p, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        for p in alive:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for p in self.procs:
-            _killpg(p, signal.SIGKILL)  # also reaps grandchildren left in the group
-            p.wait()
+    def _failure(self, rank, code):
+        fault = {}
+        try:
+            with open(self._fault_file(rank), encoding="utf-8") as f:
+                fault = json.load(f)
+        except (OSError, ValueError):
+            pass
+        if code < 0:
+            how, cause = f"was killed by {_signal_name(-code)}", "signal"
+        elif fault.get("exception"):
+            how, cause = f"raised {fault['exception']}", "exception"
+            if fault.get("hint"):
+                how += f" ({fault['hint']})"
+        else:
+            how, cause = f"exited with code {code}", "exit"
+        message = f"process {rank} (pid {self.procs[rank].pid}) {how}; stopped the others"
+        return (code if code > 0 else 1), rank, message, cause
+
+    def _fault_file(self, rank):
+        return os.path.join(self.faults, f"rank{rank}.json")
 
     def _install_signal_handlers(self):
         if threading.current_thread() is not threading.main_thread():
@@ -269,14 +376,7 @@ class _Run:
         def stop(signum, frame):
             self.interrupted = signum
 
-        return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _killpg(proc, sig):
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
 
 def _signal_name(number):

@@ -1,12 +1,12 @@
 """The script the launcher tests run in every process: `kdist.initialize()` + presets.
 
-    train.py --presets dp [--resume 2x4 BACKUP_DIR OUT.npz] [--kill RANK EPOCH BATCH]
+    train.py --presets dp [--resume 2x4 BACKUP_DIR OUT_DIR] [--kill RANK EPOCH BATCH]
 
 - each of `--presets` trains the tiny model one epoch and prints `RESULT {json}`, then
   the data helpers print what they make of the 2-process distribution;
 - `--resume SPEC DIR OUT` trains two epochs under SPEC with kdist.BackupAndRestore(DIR),
   prints `STEP epoch batch loss` after each step, and writes the final model
-  and optimizer state to OUT (a kdist checkpoint, written by process 0);
+  and optimizer state to OUT (kdist.save_sharded: every process writes its shards);
 - `--kill RANK EPOCH BATCH` makes process RANK SIGKILL itself when that batch begins.
 """
 
@@ -23,8 +23,6 @@ kdist.initialize()
 import jax  # noqa: E402
 import keras  # noqa: E402
 from common import data, train  # noqa: E402
-
-from kdist.runtime.backup import save_checkpoint  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--presets", default="")
@@ -72,5 +70,5 @@ if args.presets:  # the data helpers see the real 2-process distribution
 if args.resume:
     spec, backup_dir, out = args.resume
     losses, model = train(spec, epochs=2, callbacks=[kdist.BackupAndRestore(backup_dir, save_freq=3), Steps()])
-    save_checkpoint(model, out)
+    kdist.save_sharded(model, out)
     print(f"DONE {len(losses)} steps", flush=True)

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 
 import kdist
-from kdist.runtime.backup import save_checkpoint
 from kdist.runtime.launcher import process_env
 from tests.launch_scripts import common
-from tests.launch_scripts.common import train
+from tests.launch_scripts.common import build, train
 
 SCRIPT = Path(__file__).parent.parent / "launch_scripts" / "train.py"
 KILL = (1, 1, 3)  # process 1, epoch 1, batch 3: after the save at epoch 1 batch 1 (save_freq=3)
@@ -43,17 +42,18 @@ def _steps(result):
     ]
 
 
-def _state(path):
-    with np.load(path) as data:
-        paths = json.loads(str(data["__meta__"]))["paths"]
-        return paths, [data[f"v{i}"] for i in range(len(paths))]
-
-
-def _assert_same_state(path, reference):
-    paths, values = _state(path)
-    assert paths == list(reference)
-    for p, v in zip(paths, values):
+def _assert_same_state(state, reference):
+    assert list(state) == list(reference)
+    for p, v in state.items():
         np.testing.assert_allclose(v, reference[p], rtol=1e-5, atol=1e-6, err_msg=p)
+
+
+def _saved_state(path):
+    """The model and optimizer state of a checkpoint saved by the launched processes, read in this process."""
+    with kdist.preset("dp").scope():
+        model = build()
+        kdist.load_sharded(model, path)
+    return common.state(model)
 
 
 def _alive(pid):
@@ -67,7 +67,7 @@ def _alive(pid):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("launch")
-    backup, out = tmp / "backup", tmp / "final.npz"
+    backup, out = tmp / "backup", tmp / "final"
     resume = ["--resume", "2x4", str(backup), str(out)]
     killed, killed_end = _launch("--presets", "dp", *resume, "--kill", *map(str, KILL))
     shutil.copytree(backup, tmp / "backup_copy")
@@ -113,13 +113,13 @@ def test_a_killed_process_stops_the_run_and_is_named(runs):
     assert killed.returncodes[1] == -signal.SIGKILL
     (line,) = _lines(killed, "KILLING")[1]
     assert line.startswith("process 1 at epoch 1 batch 3")
-    assert runs["killed_end"] - float(line.rsplit("time ", 1)[1]) < 60  # from the kill to the launcher's return
+    assert runs["killed_end"] - float(line.rsplit("time ", 1)[1]) < 10  # from the kill to the launcher's return
     assert not [pid for pid in killed.pids if _alive(pid)]
 
 
 def test_a_run_killed_mid_epoch_resumes_where_it_stopped(runs, reference):
     assert [line[0] for line in _lines(runs["resumed"], "DONE")] == ["2 steps", "2 steps"]
-    _assert_same_state(runs["out"], reference["state"])
+    _assert_same_state(_saved_state(runs["out"]), reference["state"])
 
 
 def test_the_checkpoint_resumes_on_another_mesh_and_process_count(runs, reference, tmp_path):
@@ -128,8 +128,7 @@ def test_the_checkpoint_resumes_on_another_mesh_and_process_count(runs, referenc
     losses, model = train("dp", epochs=2, callbacks=[callback])  # 1 process x 8 devices, data parallel
     assert callback.restored["epoch"] == 1 and callback.restored["batches_done"] == 2
     np.testing.assert_allclose(losses, reference["2x4"][6:], rtol=1e-5)
-    save_checkpoint(model, tmp_path / "state.npz")
-    _assert_same_state(tmp_path / "state.npz", reference["state"])
+    _assert_same_state(common.state(model), reference["state"])
 
 
 def test_child_environment_gets_its_own_devices_and_cluster():

@@ -1,0 +1,217 @@
+"""Reading a checkpoint and checking it against a model, before anything is assigned.
+
+`open_checkpoint` reads kdist's marker and the Orbax metadata (shapes and
+dtypes of the saved arrays), `match_checkpoint` compares them with the
+model, `read_arrays` reads the arrays onto the model's current shardings and
+checks them against the checksums the marker holds. Each raises
+`CheckpointError` naming the directory and the problem; none changes the model.
+"""
+
+import json
+import os
+
+import jax
+
+from kdist.errors import CheckpointError, MissingDependencyError
+from kdist.keras_internals import array_of
+from kdist.runtime.checksums import checksums
+from kdist.runtime.restore import first_line
+
+KINDS = ("trainable_variables", "non_trainable_variables", "optimizer_variables", "metrics_variables")
+REQUIRED = ("trainable_variables", "non_trainable_variables")
+CHECKPOINTABLE = "pytree"
+MARKER = "kdist_checkpoint.json"
+FORMAT = "kdist.sharded_checkpoint"
+KERAS_FILES = (".weights.h5", ".keras", ".h5")
+
+
+def is_checkpoint(path):
+    """Whether directory `path` is a checkpoint kdist may replace: kdist's marker, or the Orbax layout it writes."""
+    if not os.path.isdir(path):
+        return False
+    if os.path.isfile(os.path.join(path, MARKER)):
+        return True
+    return os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA")) and os.path.isdir(
+        os.path.join(path, CHECKPOINTABLE)
+    )
+
+
+# --- Reading --------------------------------------------------------------------------------------
+
+
+def checkpoint_dir(path):
+    """`path` itself, or its latest numbered step (a `keras.callbacks.OrbaxCheckpoint` directory)."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"No checkpoint at {path!r}: it does not exist.")
+    if not os.path.isdir(path):
+        raise CheckpointError(
+            f"{path!r} is a file, not a checkpoint directory; load_sharded reads directories written by "
+            f"save_sharded, and Keras files ending in {', '.join(KERAS_FILES)}."
+        )
+    if os.path.isdir(os.path.join(path, CHECKPOINTABLE)) or os.path.isfile(os.path.join(path, MARKER)):
+        return path
+    steps = [int(n) for n in os.listdir(path) if n.isdigit() and os.path.isdir(os.path.join(path, n))]
+    if steps:
+        return os.path.join(path, str(max(steps)))
+    raise CheckpointError(
+        f"{path!r} is not a kdist/Keras Orbax checkpoint: it has no {CHECKPOINTABLE!r} directory, no {MARKER} "
+        "and no numbered steps."
+    )
+
+
+def open_checkpoint(directory):
+    """(kdist's marker or None, the saved tree of array metadata); CheckpointError if either cannot be read."""
+    ocp = orbax()
+    marker = _read_marker(directory)
+    where = os.path.join(directory, CHECKPOINTABLE)
+    if not os.path.isdir(where):
+        raise CheckpointError(f"Checkpoint {directory!r} is incomplete: its {CHECKPOINTABLE}/ directory is missing.")
+    _check_json(os.path.join(where, "_METADATA"), directory)
+    try:
+        tree = ocp.metadata(directory, checkpointable_name=CHECKPOINTABLE).metadata
+    except Exception as e:
+        raise CheckpointError(f"Checkpoint {directory!r} is unreadable: {first_line(e)}") from e
+    if not isinstance(tree, dict):
+        raise CheckpointError(
+            f"Checkpoint {directory!r} is unreadable: Orbax could not read the metadata of its arrays "
+            f"(a file under {where} is missing, truncated or corrupted)."
+        )
+    if marker is not None:
+        saved = {k: (tuple(m.shape), str(m.dtype)) for k, m in flatten(tree).items()}
+        listed = {k: (tuple(m["shape"]), m["dtype"]) for k, m in marker["variables"].items()}
+        if saved != listed:
+            differ = sorted(set(saved.items()) ^ set(listed.items()))[:3]
+            raise CheckpointError(
+                f"Checkpoint {directory!r} is corrupted: {MARKER} and the Orbax metadata disagree (e.g. {differ})."
+            )
+    return marker, tree
+
+
+def match_checkpoint(saved, current, directory, required):
+    """Raise CheckpointError unless every model variable of the `required` kinds is saved with its shape and dtype."""
+    missing = [k for k in current if k.split("/", 1)[0] in required and k not in saved]
+    if missing:
+        raise CheckpointError(
+            f"Checkpoint {directory!r} has no value for {len(missing)} variable(s) of the model, first: "
+            f"{[k.split('/', 1)[1] for k in missing[:3]]}. Was it saved from the same model (same layer names)?"
+        )
+    differ = [
+        f"{key.split('/', 1)[1]!r}: {tuple(meta.shape)} {meta.dtype} in the checkpoint, "
+        f"{tuple(current[key].shape)} {current[key].dtype} in the model"
+        for key, meta in saved.items()
+        if key in current
+        and (tuple(meta.shape) != tuple(current[key].shape) or str(meta.dtype) != str(current[key].dtype))
+    ]
+    if differ:
+        raise CheckpointError(
+            f"Checkpoint {directory!r} does not fit the model; shapes or dtypes differ: " + "; ".join(differ) + "."
+        )
+
+
+def read_arrays(directory, tree, current, marker):
+    """{key: array} for every saved variable the model has, read onto its sharding and checked against the checksums."""
+    ocp = orbax()
+
+    def abstract(key):
+        if key not in current:
+            return ocp.PLACEHOLDER
+        value = array_of(current[key])
+        return jax.ShapeDtypeStruct(tuple(value.shape), value.dtype, sharding=value.sharding)
+
+    # The abstract tree must keep the saved structure, empty groups included.
+    request = _map_leaves(tree, abstract)
+    try:
+        loaded = ocp.load_checkpointables(directory, {CHECKPOINTABLE: request})[CHECKPOINTABLE]
+    except Exception as e:
+        raise CheckpointError(f"Checkpoint {directory!r} is unreadable: {first_line(e)}") from e
+    loaded = {k: v for k, v in flatten(loaded).items() if k in current}
+    if marker is not None:
+        sums = checksums(loaded)
+        bad = [k for k, s in sums.items() if list(s) != list(marker["variables"][k]["checksum"])]
+        if bad:
+            raise CheckpointError(
+                f"Checkpoint {directory!r} is corrupted: the data of {len(bad)} array(s) differ from their "
+                f"checksums, first: {[k.split('/', 1)[1] for k in bad[:3]]}."
+            )
+    return loaded
+
+
+def _read_marker(directory):
+    path = os.path.join(directory, MARKER)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            marker = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"Checkpoint {directory!r} is corrupted: {MARKER} cannot be read ({e}).") from e
+    variables = marker.get("variables") if isinstance(marker, dict) else None
+    if (
+        not isinstance(marker, dict)
+        or marker.get("format") != FORMAT
+        or not isinstance(variables, dict)
+        or not all(isinstance(m, dict) and {"shape", "dtype", "checksum"} <= set(m) for m in variables.values())
+    ):
+        raise CheckpointError(f"Checkpoint {directory!r} is corrupted: {MARKER} is not a kdist checkpoint description.")
+    return marker
+
+
+def _check_json(path, directory):
+    try:
+        with open(path, encoding="utf-8") as f:
+            json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"Checkpoint {directory!r} is incomplete: {path} is missing.") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"Checkpoint {directory!r} is corrupted: {path} is not valid JSON ({e}).") from e
+
+
+def flat_variables(model):
+    """ "<kind>/<variable path>" -> variable, the keys of `model.get_state_tree()` joined by "/"."""
+    optimizer = getattr(model, "optimizer", None)
+    groups = {
+        "trainable_variables": model.trainable_variables,
+        "non_trainable_variables": model.non_trainable_variables,
+        "optimizer_variables": optimizer.variables if optimizer is not None and optimizer.built else [],
+        "metrics_variables": getattr(model, "metrics_variables", []),
+    }
+    out = {}
+    for kind, variables in groups.items():
+        for v in variables:
+            key = f"{kind}/{v.path}"
+            if key in out:
+                raise CheckpointError(
+                    f"Variable path {v.path!r} appears twice in model {model.name!r}; give its layers unique "
+                    "names so that a checkpoint can tell them apart."
+                )
+            out[key] = v
+    return out
+
+
+def flatten(tree, prefix=""):
+    """A nested dict as {"a/b/c": leaf}."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _map_leaves(tree, fn, prefix=""):
+    return {
+        key: _map_leaves(value, fn, f"{prefix}{key}/") if isinstance(value, dict) else fn(f"{prefix}{key}")
+        for key, value in tree.items()
+    }
+
+
+def orbax():
+    """orbax.checkpoint's v1 API, or MissingDependencyError saying how to install it."""
+    try:
+        import orbax.checkpoint as ocp  # an optional dependency: imported when a checkpoint is used
+    except ImportError as e:
+        raise MissingDependencyError(
+            "kdist.save_sharded/load_sharded need orbax-checkpoint: pip install orbax-checkpoint (or kdist[checkpoint])"
+        ) from e
+    return ocp.v1
