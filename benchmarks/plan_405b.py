@@ -1,10 +1,15 @@
-"""Planning a Llama-3-405B-shaped model on 8, 64 and 512 devices takes seconds, without those devices.
+"""Planning a Llama-3-405B-shaped model on 64-512 GPUs of 80 GB: what fits, with and without remat, in seconds.
 
 The keras-hub LlamaBackbone (vocabulary 128256, 126 layers, hidden 16384, 128
-query heads, 8 key/value heads, intermediate 53248, bfloat16) is built
-abstractly (nothing allocated), then `kdist.plan` ranks every data x fsdp x
-model mesh for a batch of 256 sequences of 4096 tokens and 80 GB devices.
-Meshes are enumerated from the device count alone: no fake devices are made.
+query heads, 8 key/value heads, intermediate 53248) with an untied LM head
+(logits = hidden @ the reversed token embedding, as LlamaCausalLM has it) is
+built abstractly under "mixed_bfloat16" (float32 master weights and Adam
+state, bfloat16 activations): nothing is allocated. `kdist.plan` then ranks
+every data x fsdp x model mesh for 64 sequences of 8192 tokens on 80 GB
+devices (10% kept free), planned for a GPU: fused (flash) attention, as
+Keras takes it on a GPU for bfloat16. Each device count is planned plain
+and with per-layer rematerialisation (`remat=True`, about +33% compute).
+Meshes are enumerated from the device count alone: no devices are made.
 
 Run: python benchmarks/plan_405b.py
 Writes benchmarks/results/plan_405b.json.
@@ -18,7 +23,8 @@ from pathlib import Path
 
 from kdist.machine import machine_info
 
-BATCH, SEQUENCE = 256, 4096  # a million tokens per step
+BATCH, SEQUENCE = 64, 8192  # half a million tokens per step
+MEMORY = "80GB"
 CONFIG = dict(
     vocabulary_size=128256,
     num_layers=126,
@@ -26,47 +32,68 @@ CONFIG = dict(
     num_query_heads=128,
     num_key_value_heads=8,
     intermediate_dim=53248,
-    dtype="bfloat16",
 )
 
 
-def main():
+def build():
+    import keras
     import keras_hub
+
+    backbone = keras_hub.models.LlamaBackbone(**CONFIG)
+    logits = backbone.token_embedding(backbone.output, reverse=True)
+    return keras.Model(backbone.inputs, logits, name="llama3_405b_lm")
+
+
+def main():
+    import keras
+    import keras_hub  # noqa: F401  (fails early when keras-hub is missing)
 
     import kdist  # before keras_hub: selects the JAX backend
 
+    keras.config.set_dtype_policy("mixed_bfloat16")
     start = time.perf_counter()
-    model = kdist.abstract_model(keras_hub.models.LlamaBackbone, **CONFIG)
+    try:
+        model = kdist.abstract_model(build)
+    finally:
+        keras.config.set_dtype_policy("float32")
     build_seconds = time.perf_counter() - start
     parameters = sum(math.prod(v.shape) for v in model.weights)
-    print(
-        f"built {model.name} abstractly: {len(model.weights)} variables, {parameters / 1e9:.1f}e9 parameters, "
-        f"{build_seconds:.1f} s"
-    )
+    print(f"built {model.name} abstractly: {parameters / 1e9:.1f}e9 parameters, {build_seconds:.1f} s")
     runs = []
-    for devices in (8, 64, 512):
-        start = time.perf_counter()
-        result = kdist.plan(model, devices, batch_size=BATCH, sequence_length=SEQUENCE, memory_per_device="80GB")
-        seconds = time.perf_counter() - start
-        best = result.recommendation
-        print(f"\n{devices} devices: {len(result.candidates)} meshes planned in {seconds:.1f} s")
-        print(f"  recommendation: {best.spec if best else None}  {result.reason or result.advice}")
-        runs.append(
-            {
-                "devices": devices,
-                "seconds": round(seconds, 2),
-                "candidates": len(result.candidates),
-                "valid": sum(c.valid for c in result.candidates),
-                "fitting": sum(bool(c.valid and c.fits) for c in result.candidates),
-                "recommendation": best.spec if best else None,
-                "recommended_peak": best.peak if best else None,
-                "reason": result.reason,
-                "advice": result.advice,
-                "smallest_peak": min(c.peak for c in result.candidates if c.valid)
-                if any(c.valid for c in result.candidates)
-                else None,
-            }
-        )
+    for devices in (64, 128, 256, 512):
+        for remat in (False, True):
+            start = time.perf_counter()
+            result = kdist.plan(
+                model, devices, batch_size=BATCH, sequence_length=SEQUENCE, memory_per_device=MEMORY, remat=remat
+            )
+            seconds = time.perf_counter() - start
+            valid = [c for c in result.candidates if c.valid]
+            best = result.recommendation or min(valid, key=lambda c: c.peak)
+            runs.append(
+                {
+                    "devices": devices,
+                    "remat": remat,
+                    "attention": result.attention,
+                    "seconds": round(seconds, 2),
+                    "candidates": len(result.candidates),
+                    "valid": len(valid),
+                    "fitting": sum(bool(c.valid and c.fits) for c in result.candidates),
+                    "recommendation": result.recommendation.spec if result.recommendation else None,
+                    "best": best.spec,
+                    "best_peak": best.peak,
+                    "best_terms": best.to_dict()["bytes"],
+                    "best_band": list(best.band) if best.band else None,
+                    "smallest_peak": min(c.peak for c in valid),
+                    "reason": result.reason,
+                    "advice": result.advice,
+                    "suggestions": result.suggestions,
+                }
+            )
+            r = runs[-1]
+            print(
+                f"{devices:4d} devices, remat={remat!s:5}: {r['fitting']:2d} of {r['valid']:2d} valid meshes fit; "
+                f"best {best.spec} at {best.peak / 1e9:.1f} GB ({seconds:.1f} s)"
+            )
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"\npeak RSS {peak_rss / 2**30:.2f} GiB")
     out = Path(__file__).parent / "results" / "plan_405b.json"
@@ -76,11 +103,13 @@ def main():
             {
                 "machine": machine_info(),
                 "config": CONFIG,
+                "dtype_policy": "mixed_bfloat16",
+                "lm_head": "untied (reversed token embedding)",
                 "parameters": parameters,
                 "build_seconds": round(build_seconds, 2),
                 "batch_size": BATCH,
                 "sequence_length": SEQUENCE,
-                "memory_per_device": "80GB",
+                "memory_per_device": MEMORY,
                 "peak_rss_bytes": peak_rss,
                 "runs": runs,
             },

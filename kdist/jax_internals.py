@@ -1,15 +1,16 @@
 """Every use of jax's private or unstable API in kdist, in one place.
 
-Checked against jax/jaxlib 0.10.2 (constraints.txt). `saved_residuals`,
-`backends_are_initialized`, the distributed client and XLA's memory
-analysis are not stable API: when jax changes, this is the module to mend.
+Checked against jax/jaxlib 0.10.2 (constraints.txt). `backends_are_initialized`, the distributed
+client, XLA's memory analysis and the topology (deviceless) compilation are not stable API: when
+jax changes, this is the module to mend.
 """
 
 import contextlib
+import importlib.util
 
 import jax
 from jax._src import distributed, monitoring, xla_bridge
-from jax._src.ad_checkpoint import saved_residuals  # noqa: F401  (re-exported for the activation trace)
+from jax.experimental import topologies
 
 MEMORY_FIELDS = ("argument", "output", "alias", "temp")  # the *_size_in_bytes of XLA's memory analysis
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -78,3 +79,57 @@ def count_compiles():
         yield count
     finally:
         monitoring.unregister_event_duration_listener(listener)
+
+
+# --- Deviceless GPU compilation (an optional CUDA PJRT plugin, no GPU needed) ----------------------
+
+_CUDA_PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
+
+
+def cuda_plugin_installed():
+    """Whether a CUDA PJRT plugin for jax is installed (`jax-cuda13-pjrt` / `jax-cuda12-pjrt`), without importing it."""
+    for name in _CUDA_PLUGINS:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except ModuleNotFoundError:  # no jax_plugins namespace at all
+            return False
+    return False
+
+
+def deviceless_gpu_devices(n, target_config):
+    """`n` compile-only GPU devices of the GPU described by `target_config` (a GpuTargetConfigProto, text format).
+
+    Uses the CUDA PJRT plugin's topology (`jax.experimental.topologies`,
+    checked against jax 0.10.2 + jax-cuda13-pjrt 0.10.2): XLA:GPU compiles for
+    them on a machine without a GPU. Never put arrays on them (jax crashes);
+    compile from `jax.ShapeDtypeStruct`s carrying shardings on them only.
+    Raises RuntimeError / NotImplementedError when the plugin did not register
+    (it needs JAX_PLATFORMS=cpu or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 before jax starts).
+    """
+    topology = topologies.get_topology_desc(
+        platform="cuda", topology_name="", target_config=target_config, topology=f"1x1x{n}"
+    )
+    return list(topology.devices)
+
+
+@contextlib.contextmanager
+def devices_seen_as(devices):
+    """Inside the block `jax.devices()` and `jax.device_count()` answer `devices`, for code probing the platform."""
+    real_devices, real_count = jax.devices, jax.device_count
+    jax.devices = lambda backend=None: list(devices) if backend in (None, "cuda", "gpu") else real_devices(backend)
+    jax.device_count = lambda backend=None: len(devices) if backend in (None, "cuda", "gpu") else real_count(backend)
+    try:
+        yield
+    finally:
+        jax.devices, jax.device_count = real_devices, real_count
+
+
+def compile_train_step_with_options(model, state, batch, compiler_options):
+    """`compile_train_step` with XLA debug options for this compilation only.
+
+    E.g. `{"xla_gpu_enable_triton_gemm": False}`; XLA_FLAGS would be read only when jax starts.
+    """
+    shardings = jax.tree.map(lambda a: a.sharding, state)
+    step = jax.jit(model.train_step, donate_argnums=0, out_shardings=(None, shardings))
+    return step.lower(state, batch).compile(compiler_options=compiler_options)

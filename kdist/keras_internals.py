@@ -7,12 +7,14 @@ Everything else in kdist uses Keras's public API only.
 
 import contextlib
 import re
+import sys
 
 import jax
 import keras
 from keras.src.backend.common import global_state
-from keras.src.backend.jax import distribution_lib as jax_distribution_lib
 from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re-exported for the activation trace)
+from keras.src.backend.jax import distribution_lib as jax_distribution_lib
+from keras.src.backend.jax import nn as backend_nn
 from keras.src.models.functional import operation_fn  # noqa: F401  (re-exported for the activation trace)
 from keras.src.utils import io_utils
 
@@ -190,6 +192,52 @@ def slot_references(optimizer_variables, weights):
                 out[id(v)] = reference
                 break
     return out
+
+
+# --- Attention: the platform decision, answered for a planning target ------------------------------
+
+
+@contextlib.contextmanager
+def attention_decision(keras_attention, fused, platform):
+    """Answer Keras's and keras-hub's attention platform probes for `platform`, not the host, inside the block.
+
+    Replaces the JAX backend's `dot_product_attention` (`keras.src.backend.jax.nn`,
+    which `keras.ops.dot_product_attention` calls) with
+    `keras_attention(original, query, key, value, **kwargs)`, its flash check
+    `_can_use_flash_attention` with one answering `fused`, and keras-hub's `running_on_gpu` / `running_on_tpu` /
+    `gpu_supports_fused_attention_op` (imported by name into each attention
+    module, so patched in every loaded `keras_hub` module) with answers for
+    `platform` ("gpu", "tpu" or "cpu"). Checked against keras 3.15.1 and
+    keras-hub 0.32.0.
+    """
+    saved = []
+
+    def patch(owner, name, value):
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    original = backend_nn.dot_product_attention
+
+    def attention(query, key, value, **kwargs):
+        return keras_attention(original, query, key, value, **kwargs)
+
+    try:
+        patch(backend_nn, "dot_product_attention", attention)
+        patch(backend_nn, "_can_use_flash_attention", lambda *args, **kwargs: fused)
+        for module in list(sys.modules.values()):
+            if not (getattr(module, "__name__", "") or "").startswith("keras_hub"):
+                continue
+            for name, answer in (
+                ("running_on_gpu", platform == "gpu"),
+                ("running_on_tpu", platform == "tpu"),
+                ("gpu_supports_fused_attention_op", True),
+            ):
+                if callable(getattr(module, name, None)):
+                    patch(module, name, lambda answer=answer: answer)
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
 
 
 # --- Input batches --------------------------------------------------------------------------------

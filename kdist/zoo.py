@@ -111,8 +111,16 @@ _CLIP_TEXT = dict(
 )
 # Qwen3.5: three linear-attention (gated DeltaNet) layers for each full-attention one.
 _QWEN3_5 = dict(
-    vocabulary_size=256, num_layers=4, num_query_heads=8, num_key_value_heads=2, head_dim=8, hidden_dim=64,
-    linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=8, linear_value_head_dim=8,
+    vocabulary_size=256,
+    num_layers=4,
+    num_query_heads=8,
+    num_key_value_heads=2,
+    head_dim=8,
+    hidden_dim=64,
+    linear_num_key_heads=4,
+    linear_num_value_heads=8,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
 )
 _GEMMA2 = dict(
     query_head_dim_normalize=False,

@@ -41,7 +41,8 @@ def preset(spec, *, devices=None, axis_names=None, rules=None, model=None, **pla
         model: with "auto": the model to plan for (built, possibly abstractly).
         **plan_options: with "auto": `batch_size` (required) and the other
             keyword arguments of `kdist.plan` (sequence_length, optimizer,
-            memory_per_device, ...).
+            memory_per_device, target, remat, margin, ...): the mesh is the
+            plan's recommendation, from the same memory model.
     """
     if isinstance(spec, str) and spec.strip().lower() == "auto":
         spec = _auto_spec(model, devices, rules, plan_options)

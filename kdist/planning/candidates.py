@@ -14,6 +14,8 @@ def evaluate(facts, axes, batch_size, bandwidth, latency):
     rows = placed_variables(facts, ParallelDims.from_sizes(axes))
     for term, value in memory_terms(facts, rows, axes, batch_size).items():
         setattr(candidate, term, value)
+    band = facts.target.band
+    candidate.band = (int(candidate.peak * band[0]), int(candidate.peak * band[1])) if band else None
     split = axes.get("data", 1) * axes.get("fsdp", 1)
     trainable = [r for r in rows if r.kind == "trainable"]
     scale = itemsize(facts.dtype) if facts.dtype is not None else None

@@ -1,4 +1,6 @@
-"""What the planner reads from a model once, for every candidate: variables, optimizer state, inputs, activations."""
+"""What the planner reads from a model once, for every candidate: variables, optimizer, inputs, the traced step."""
+
+import copy
 
 import jax
 import keras
@@ -7,16 +9,34 @@ from kdist.errors import ArgumentError, ModelError, PlanError
 from kdist.inspection.inspector import planned_optimizer
 from kdist.keras_internals import array_of, deferred, input_struct, output_struct, plan_optimizer, set_path
 from kdist.meshes.spec import ParallelDims
-from kdist.planning.activations import TRACE_BATCH, saved_activations
+from kdist.planning.step import compute_dtype, trace_step
+from kdist.planning.trace import TRACE_BATCH
 from kdist.rules.registry import placer_for
 from kdist.rules.rule import Rule
 from kdist.units import is_float, itemsize
 
 
 class ModelFacts:
-    """The model's variables (one per group laid out alike), its planned optimizer, inputs and residuals."""
+    """The model's variables (one per group laid out alike), its planned optimizer, inputs and traced step.
 
-    def __init__(self, model_or_variables, optimizer, dtype, sequence_length, rules):
+    `target` is a `kdist.planning.targets.Target`; `attention` ("fused",
+    "materialized" or None: the target's default), `remat` and
+    `compiler_rules` (a `kdist.planning.buffers.Rules`, default: the
+    target's) say how the step is traced (`kdist.planning.step.trace_step`).
+    """
+
+    def __init__(
+        self,
+        model_or_variables,
+        optimizer,
+        dtype,
+        sequence_length,
+        rules,
+        target,
+        attention=None,
+        remat=False,
+        compiler_rules=None,
+    ):
         self.build = None
         if callable(model_or_variables) and not isinstance(model_or_variables, (keras.layers.Layer, list, tuple)):
             self.build = model_or_variables
@@ -52,7 +72,11 @@ class ModelFacts:
             self.sequence_length = _fixed_sequence_length(self.inputs)
         self.tokens_per_example = self.sequence_length or 1
         self.label_shapes = _label_shapes(self.model, self.sequence_length) if self.inputs is not None else []
-        self.residuals, self.act_itemsize = self._activations()
+        self.target, self.attention, self.remat, self.compiler_rules = target, attention, remat, compiler_rules
+        self._trace_cache = {}  # traced programs by layer signature, shared by `retraced` copies
+        self._buffer_static = None
+        self.act_itemsize = self._activation_itemsize()
+        self.traced = self._trace()
 
     def placer(self, dims):
         """The placement engine of a preset on mesh `dims`, with the plan's rules (one per mesh shape)."""
@@ -76,37 +100,90 @@ class ModelFacts:
 
         A Llama's 126 blocks have the same variables: each candidate's layouts are
         computed for one block and counted 126 times, so planning 512 devices
-        takes seconds. The sums are the inspector's, row for row.
+        takes seconds. The sums are the inspector's, row for row. A variable
+        whose rule follows a sibling (a bias following its kernel) is grouped
+        with its sibling's group too, and `siblings` names the sibling each
+        such representative needs placed first.
         """
         placer = self.placer(ParallelDims.from_sizes({"data": 1, "model": 1, "expert": 1}))
+        by_path = {v.path: v for v in variables}
+
+        def key(v, depth=0):
+            rule = placer.match(v.path)
+            k = (rule, tuple(v.shape), str(v.dtype), bool(getattr(v, "trainable", True)))
+            sibling = _sibling(v.path, rule, by_path)
+            return k + (key(sibling, depth + 1),) if sibling is not None and depth < 4 else k
+
         groups = {}
         for v in variables:
-            key = (placer.match(v.path), tuple(v.shape), str(v.dtype), bool(getattr(v, "trainable", True)))
-            groups.setdefault(key, []).append(v)
+            groups.setdefault(key(v), []).append(v)
         representatives = [members[0] for members in groups.values()]
+        self._representative = {v.path: members[0].path for members in groups.values() for v in members}
+        self.siblings = {
+            v.path: sibling
+            for v in representatives
+            if (sibling := _sibling(v.path, placer.match(v.path), by_path)) is not None
+        }
         return representatives, {members[0].path: len(members) for members in groups.values()}
 
-    def _activations(self):
+    def representative_index(self, paths):
+        """For each variable path: the index of its representative in `self.variables`."""
+        index = {v.path: i for i, v in enumerate(self.variables)}
+        return [index[self._representative[p]] for p in paths]
+
+    def retraced(self, *, remat=None, compiler_rules=None):
+        """These facts with the step traced again with `remat` and/or other `compiler_rules` (a `Rules`).
+
+        Layer programs already traced are reused; only the buffer analysis and
+        the timeline are redone.
+        """
+        remat = self.remat if remat is None else remat
+        if remat == self.remat and compiler_rules in (None, self.compiler_rules):
+            return self
+        other = copy.copy(self)
+        other.remat, other.compiler_rules = remat, compiler_rules or self.compiler_rules
+        other.notes = []
+        other._buffer_static = None
+        other.traced = other._trace()
+        other.notes = self.notes
+        return other
+
+    def _activation_itemsize(self):
+        """Bytes per element of the activations the model axis exchanges (communication)."""
+        if self.dtype is not None:
+            return itemsize(self.dtype)
+        return itemsize(compute_dtype(self.model)) if self.is_model else 4
+
+    def _trace(self):
         if not self.is_model:
             self.notes.append("activations not estimated: pass the model (not a list of variables) to include them")
-            return [], 4
-        residuals = saved_activations(self.model, self.inputs) if self.inputs is not None else None
-        if residuals is None:
+            return None
+        traced = None
+        if self.inputs is not None:
+            traced = trace_step(
+                self.model,
+                self.inputs,
+                platform=self.target.platform,
+                attention=self.attention,
+                remat=self.remat,
+                rules=self.compiler_rules,
+                cache=self._trace_cache,
+            )
+        if traced is None:
             self.notes.append(
                 f"activations not estimated: {self.name!r} is not a functional Keras model (no layer graph to trace)"
             )
-            return [], 4
-        outputs = _outputs(self.model)
-        act_itemsize = itemsize(
-            self.dtype or (outputs[0].dtype if outputs else getattr(self.model, "compute_dtype", "float32"))
-        )
-        if self.dtype is not None:
-            residuals = [
-                (shape, act_itemsize if floating else size, count) for shape, size, count, floating in residuals
-            ]
-        else:
-            residuals = [(shape, size, count) for shape, size, count, _ in residuals]
-        return residuals, act_itemsize
+            return None
+        self.notes.extend(traced.notes)
+        return traced
+
+
+def _sibling(path, rule, by_path):
+    """The variable a rule that follows a sibling (e.g. a bias its "kernel") takes its layout from, or None."""
+    follows = getattr(rule, "follows", ())
+    if not follows:
+        return None
+    return by_path.get(path.rpartition("/")[0] + "/" + follows[0])
 
 
 def _variables(subject):

@@ -1,24 +1,36 @@
 """The memory of one training step on one device, term by term (docs/plan.md, "Memory per device").
 
 Weights, gradients and optimizer state come from each variable's placement
-(the placement engine's layouts, the inspector's numbers exactly);
-activations from the residuals autodiff keeps; transient buffers and inputs
-from the step's structure.
+(the placement engine's layouts: the inspector's numbers exactly). The
+rest comes from the traced step's timeline (`kdist.planning.step`): every
+buffer is rescaled to the candidate's mesh (its batch shard, its model-axis
+shard, its weight's shard), and the sweep's peak gives what is alive then:
+the activations kept for the backward pass, the gradients made so far, the
+loss's buffers, backward temporaries and FSDP's gathered weights.
+
+    peak = weights + optimizer + inputs + max over the step of the live buffers
 """
 
 import dataclasses
 import math
 
 import keras
+import numpy as np
 
 from kdist.meshes.layout import shard_bytes, split_by
-from kdist.planning.activations import TRACE_BATCH
+from kdist.planning.timeline import TERMS
+from kdist.planning.trace import TRACE_BATCH
 from kdist.units import is_float, itemsize
 
 
 @dataclasses.dataclass(frozen=True)
 class PlacedVariable:
-    """A representative variable laid out on one candidate mesh; `count` variables are laid out alike."""
+    """A representative variable laid out on one candidate mesh; `count` variables are laid out alike.
+
+    `gathered_bytes`: what one device holds of it after FSDP's all-gather
+    (its shard with the fsdp axis undone), equal to `shard_bytes` when fsdp
+    does not split it.
+    """
 
     kind: str
     shape: tuple
@@ -26,6 +38,7 @@ class PlacedVariable:
     spec: tuple
     shard_bytes: int
     count: int
+    gathered_bytes: int = 0
 
     def bytes(self, itemsize_override=None):
         """Bytes on one device of one of these variables, in `itemsize_override` bytes per element for floats."""
@@ -36,12 +49,19 @@ class PlacedVariable:
     def split_over(self, axis):
         return any(split_by(self.spec, axis))
 
+    @property
+    def full_bytes(self):
+        return math.prod(self.shape) * itemsize(self.dtype)
+
 
 def placed_variables(facts, dims):
     """Every representative variable (weights, then optimizer state) laid out on mesh `dims`."""
     placer, sizes = facts.placer(dims), dims.axis_sizes
     rows, by_path = [], {}
     for v in facts.variables:
+        sibling = facts.siblings.get(v.path)
+        if sibling is not None:  # placed first: the variable's rule follows its layout
+            placer.place(sibling.path, sibling.shape)
         spec = placer.place(v.path, v.shape).axes
         kind = "trainable" if getattr(v, "trainable", True) else "non_trainable"
         row = _row(kind, v, spec, sizes, facts.counts.get(v.path, 1))
@@ -58,9 +78,10 @@ def placed_variables(facts, dims):
 
 
 def _row(kind, variable, spec, sizes, count):
-    shape = tuple(variable.shape)
-    dtype = str(variable.dtype)
-    return PlacedVariable(kind, shape, dtype, tuple(spec), shard_bytes(shape, spec, sizes, itemsize(dtype)), count)
+    shape, dtype = tuple(variable.shape), str(variable.dtype)
+    size = itemsize(dtype)
+    gathered = shard_bytes(shape, spec, {**sizes, "fsdp": 1}, size)
+    return PlacedVariable(kind, shape, dtype, tuple(spec), shard_bytes(shape, spec, sizes, size), count, gathered)
 
 
 def total_bytes(rows, itemsize_override=None):
@@ -68,19 +89,114 @@ def total_bytes(rows, itemsize_override=None):
 
 
 def memory_terms(facts, rows, axes, batch_size):
-    """Per-device bytes of each term of the step's peak on mesh `axes` (role -> size)."""
+    """Per-device bytes of each term of the step's peak on mesh `axes` (role -> size), and where the peak is.
+
+    Returns weights, gradients (all of them: the gradient state), optimizer,
+    other (the batch shard), and from the timeline at its peak: activations,
+    live_gradients, loss, backward, gathered, transient (the sum of those four)
+    and phase ("forward", "backward" or "optimizer update"; None untraced).
+    """
     scale = itemsize(facts.dtype) if facts.dtype is not None else None
     trainable = [r for r in rows if r.kind == "trainable"]
-    split = axes.get("data", 1) * axes.get("fsdp", 1)
-    local_batch = -(-batch_size // split)
-    return {
+    local_batch = -(-batch_size // (axes.get("data", 1) * axes.get("fsdp", 1)))
+    terms = {
         "weights": total_bytes([r for r in rows if r.kind in ("trainable", "non_trainable")], scale),
         "gradients": total_bytes(trainable, scale),
         "optimizer": total_bytes([r for r in rows if r.kind == "optimizer"], scale),
-        "activations": activation_bytes(facts, local_batch, sharded_dim_sizes(trainable, axes), axes),
-        "transient": transient_bytes(trainable, axes, scale),
         "other": input_bytes(facts, local_batch),
     }
+    traced = facts.traced
+    if traced is None:  # no layer graph: every gradient is counted alive, activations are unknown
+        live = {"activations": 0, "gradients": terms["gradients"], "loss": 0, "backward": 0, "gathered": 0}
+        live["unreduced"], phase = 0, None
+    else:
+        factor = buffer_factors(facts, rows, axes, local_batch)
+        curves = traced.step.sweep(factor)
+        t = int(sum(curves.values()).argmax())
+        live = {term: int(curves[term][t]) for term in TERMS}
+        phase = traced.step.phase(t)
+    terms["activations"] = live["activations"]
+    terms["live_gradients"] = live["gradients"]
+    terms["loss"], terms["gathered"] = live["loss"], live["gathered"]
+    terms["backward"] = live["backward"] + live["unreduced"]  # FSDP's whole local gradients before reduce-scatter
+    terms["transient"] = live["gradients"] + live["loss"] + terms["backward"] + live["gathered"]
+    terms["phase"] = phase
+    return terms
+
+
+def buffer_factors(facts, rows, axes, local_batch):
+    """Per traced buffer: the factor from its bytes at the traced batch to its bytes on one device of `axes`.
+
+    - a weight's copy (mixed precision's cast) or gradient: its weight's
+      shard / full size, from the candidate's placement;
+    - FSDP's gathered copy: the weight gathered over fsdp (still split over
+      model/expert), 0 when fsdp does not split it;
+    - a buffer with a batch dimension: x local batch / TRACE_BATCH;
+    - a buffer with a dimension the model (expert) axis splits in some
+      weight: / that axis's size (heads, MLP width, vocabulary, experts);
+    - with `dtype=`: float buffers in that dtype.
+    """
+    static = _static(facts)
+    shard, gathered = np.ones(len(facts.variables) + 1), np.zeros(len(facts.variables) + 1)
+    for i, r in enumerate(rows[: len(facts.variables)]):
+        full = r.full_bytes or 1
+        shard[i] = r.shard_bytes / full
+        gathered[i] = r.gathered_bytes / full if r.split_over("fsdp") else 0.0
+    shape_factor = np.ones(len(static["shapes"]))
+    for axis, sizes in sharded_dim_sizes([r for r in rows if r.kind == "trainable"], axes).items():
+        for k, shape in enumerate(static["shapes"]):
+            if any(d in sizes for d in shape):
+                shape_factor[k] /= axes[axis]
+    out = shape_factor[static["shape_index"]]
+    out = np.where(static["batch"], out * local_batch / TRACE_BATCH, out)
+    rep = static["rep"]  # -1 (no weight) picks the sentinel: shard 1, gathered 0
+    out = np.where(static["weighty"], shard[rep], out)
+    out = np.where(static["gathered"], gathered[rep], out)
+    if facts.dtype is not None:
+        out = out * np.where(static["floating"], itemsize(facts.dtype) / static["itemsize"], 1.0)
+    return out
+
+
+def _static(facts):
+    """What `buffer_factors` needs of the traced step that no mesh changes (computed once per plan)."""
+    if facts._buffer_static is not None:
+        return facts._buffer_static
+    step = facts.traced.step
+    rep_of = facts.representative_index([v.path for v in facts.traced.variables])
+    n = len(step.size)
+    var = np.array([step.weight_of.get(g, -1) if step.weight_of.get(g) is not None else -1 for g in range(n)])
+    rep = np.array([rep_of[v] if v >= 0 else -1 for v in var], dtype=int)
+    terms = np.array(step.term)
+    batch = np.array(step.batch, dtype=bool)
+    shape_ids = {}
+    shape_index = np.array([shape_ids.setdefault(s, len(shape_ids)) for s in step.shape], dtype=int)
+    floating = np.array([_floating(d) for d in step.dtype])
+    sizes = np.array([_itemsize(d) for d in step.dtype], dtype=float)
+    facts._buffer_static = {
+        "rep": rep,
+        "batch": batch,
+        "weighty": (rep >= 0) & (terms != "external") & ~batch & (terms != "gathered") & (terms != "unreduced"),
+        "gathered": (terms == "gathered") | (terms == "unreduced"),
+        "shapes": list(shape_ids),
+        "shape_index": shape_index,
+        "floating": floating,
+        "itemsize": np.where(sizes > 0, sizes, 1.0),
+    }
+    return facts._buffer_static
+
+
+def _floating(dtype):
+    try:
+        return is_float(dtype)
+    except TypeError:
+        return False
+
+
+def _itemsize(dtype):
+    try:
+        return itemsize(dtype)
+    except TypeError:
+        return 0
 
 
 def sharded_dim_sizes(rows, axes):
@@ -97,41 +213,6 @@ def sharded_dim_sizes(rows, axes):
                     (split if on else whole).add(d)
         out[axis] = split - whole
     return out
-
-
-def activation_bytes(facts, local_batch, sharded_sizes, axes):
-    """Saved activations on one device (see docs/plan.md, "Activations")."""
-    total = 0
-    for shape, element_bytes, count in facts.residuals:
-        size = math.prod(shape) * element_bytes
-        if any(d % TRACE_BATCH == 0 for d in shape):
-            size = size * local_batch / TRACE_BATCH
-        for axis, sizes in sharded_sizes.items():
-            if any(d in sizes for d in shape):
-                size /= axes[axis]
-        total += size * count
-    return int(total)
-
-
-def transient_bytes(rows, axes, scale):
-    """Buffers that live during the step besides the state (see docs/plan.md, "Transient buffers").
-
-    With the batch split (data or fsdp > 1), each device's gradients exist once
-    before their all-reduce / reduce-scatter and once after: the unreduced
-    copy is fsdp times a sharded weight's shard. Weights all-gathered over
-    fsdp are kept whole from the forward to the backward pass (Keras does not
-    rematerialise), beyond their shards.
-    """
-    f = axes.get("fsdp", 1)
-    total = 0
-    for r in rows:
-        shard = r.bytes(scale) * r.count
-        on_fsdp = f > 1 and r.split_over("fsdp")
-        if axes.get("data", 1) * f > 1:
-            total += shard * (f if on_fsdp else 1)
-        if on_fsdp:
-            total += shard * (f - 1)
-    return total
 
 
 def input_bytes(facts, local_batch):

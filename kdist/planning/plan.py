@@ -7,17 +7,27 @@ from kdist.presets import build_preset
 from kdist.render.plan import plan_renderables
 from kdist.reporting import Report
 
-MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "transient", "other")
+MEMORY_TERMS = ("weights", "optimizer", "activations", "transient", "other")  # what `Candidate.peak` sums
+TRANSIENT_TERMS = ("live_gradients", "loss", "backward", "gathered")  # what `Candidate.transient` holds
 
 
 @dataclasses.dataclass
 class Candidate:
     """One mesh of the plan, with its per-device estimates.
 
-    Bytes are per device (the fullest device). `comm` maps each mesh axis to
-    `{"size", "collectives": [{"kind", "of", "bytes", "count", "seconds"}, ...],
-    "bytes": payload bytes per step, "seconds": alpha-beta time}`.
-    `compiled` holds XLA's memory analysis when the plan was verified.
+    Bytes are per device (the fullest device). `peak` = weights + optimizer
+    + activations + transient + other, at the step's memory peak (`phase`):
+    `activations` are the forward's buffers kept for the backward pass,
+    `transient` the gradients made so far (`live_gradients`), the loss's
+    buffers (`loss`), backward temporaries (`backward`) and FSDP's gathered
+    weights (`gathered`); `other` the batch shard. `gradients` is the whole
+    gradient state (the inspector's bytes), of which only `live_gradients`
+    exist at the peak. `band` is (low, high) bytes the truth fell in on the
+    calibration, None where the target is not calibrated. `comm` maps each
+    mesh axis to `{"size", "collectives": [{"kind", "of", "bytes", "count",
+    "seconds"}, ...], "bytes": payload bytes per step, "seconds": alpha-beta
+    time}`. `compiled` holds XLA's memory analysis when the plan was
+    verified, with the "backend" it was compiled for.
     """
 
     spec: str
@@ -34,10 +44,16 @@ class Candidate:
     fits: bool = None
     rank: int = None
     compiled: dict = None
+    live_gradients: int = 0
+    loss: int = 0
+    backward: int = 0
+    gathered: int = 0
+    phase: str = None
+    band: tuple = None
 
     @property
     def peak(self):
-        """Estimated peak bytes on one device: the sum of every term."""
+        """Estimated peak bytes on one device: weights + optimizer + activations + transient + other."""
         return sum(getattr(self, term) for term in MEMORY_TERMS)
 
     @property
@@ -69,7 +85,13 @@ class Candidate:
             "reason": self.reason,
             "rank": self.rank,
             "fits": self.fits,
-            "bytes": {**{term: getattr(self, term) for term in MEMORY_TERMS}, "peak": self.peak},
+            "bytes": {
+                **{term: getattr(self, term) for term in ("weights", "gradients", *MEMORY_TERMS[1:])},
+                **{term: getattr(self, term) for term in TRANSIENT_TERMS},
+                "peak": self.peak,
+            },
+            "band": list(self.band) if self.band else None,
+            "phase": self.phase,
             "comm": self.comm,
             "comm_seconds": self.comm_seconds,
             "compiled": self.compiled,
@@ -86,6 +108,12 @@ class Plan(Report):
     valid or none fits `memory_per_device`; `advice` then says what would
     make one fit, and `suggestions` holds the numbers ("batch_size",
     "devices") it found.
+
+    `target` names the accelerator the estimate is for ("H100", "gpu", ...),
+    `memory_source` where `memory_per_device` came from, `margin` the
+    fraction of it kept free (a candidate fits when its peak is at most
+    `budget` = (1 - margin) x memory_per_device), `attention` what the
+    layers were traced with and `remat` whether each layer is rematerialised.
     """
 
     model: str
@@ -104,6 +132,16 @@ class Plan(Report):
     notes: list = dataclasses.field(default_factory=list)
     seconds: float = 0.0
     rules: object = None
+    target: str = "gpu"
+    memory_source: str = ""
+    margin: float = 0.0
+    attention: str = ""
+    remat: bool = False
+
+    @property
+    def budget(self):
+        """Bytes a candidate's peak may reach and still fit: (1 - margin) x memory_per_device (None without one)."""
+        return None if self.memory_per_device is None else int(self.memory_per_device * (1 - self.margin))
 
     def candidate(self, spec):
         """The candidate whose spec (e.g. "data=2,model=4") or shape (e.g. "2x1x4") is `spec`."""
@@ -127,6 +165,12 @@ class Plan(Report):
             "sequence_length": self.sequence_length,
             "optimizer": self.optimizer,
             "memory_per_device": self.memory_per_device,
+            "memory_source": self.memory_source,
+            "margin": self.margin,
+            "budget": self.budget,
+            "target": self.target,
+            "attention": self.attention,
+            "remat": self.remat,
             "bandwidth": self.bandwidth,
             "latency": self.latency,
             "recommendation": self.recommendation.spec if self.recommendation else None,
@@ -145,8 +189,10 @@ class Plan(Report):
                 "spec": c.spec,
                 "valid": c.valid,
                 "fits": c.fits,
-                **{t: getattr(c, t) for t in MEMORY_TERMS},
+                **{t: getattr(c, t) for t in ("weights", "gradients", *MEMORY_TERMS[1:])},
                 "peak": c.peak,
+                "band_low": c.band[0] if c.band else None,
+                "band_high": c.band[1] if c.band else None,
                 "comm_seconds": c.comm_seconds,
                 "comm_bytes": c.comm_bytes,
                 "compiled_peak": (c.compiled or {}).get("peak"),

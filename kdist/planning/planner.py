@@ -2,23 +2,27 @@
 
 `kdist.plan` enumerates every mesh of N devices (data x fsdp x model, and an
 expert axis when the rules use one), and for each estimates per-device memory
-(weights, gradients, optimizer state, activations) and communication per
-training step, from the model's real variables, the layouts kdist's
-placement engine gives them and the activations autodiff saves for each
-layer. With `verify=True` it also compiles the real Keras training step for
-each mesh, from abstract inputs, and puts XLA's memory analysis beside the
-estimate. See docs/plan.md for the formulas.
+(weights, optimizer state, the activations and transient buffers alive at the
+step's peak) and communication per training step, from the model's real
+variables, the layouts kdist's placement engine gives them and the model's
+training step traced once for the target accelerator. With `verify=True` it
+also compiles the real Keras training step for each mesh, from abstract
+inputs, and puts XLA's memory analysis beside the estimate. See docs/plan.md
+for the memory model and its calibration.
 """
 
 import time
 
-from kdist.checks import MAX_DEVICES, non_negative_number, positive_int
+from kdist.checks import MAX_DEVICES, non_negative_number, one_of, positive_int
 from kdist.errors import PlanError
 from kdist.meshes.enumerate import meshes
+from kdist.planning.attention import ATTENTION
 from kdist.planning.candidates import evaluate
+from kdist.planning.deviceless import COMPILER_OPTIONS, gpu_devices
 from kdist.planning.facts import ModelFacts, check_dtype
 from kdist.planning.plan import Plan
 from kdist.planning.ranking import rank
+from kdist.planning.targets import DEFAULT_MARGIN, check_margin, cpu_proxy_note, resolve_target
 from kdist.planning.verify import verify as verify_plan
 from kdist.render.progress import steps
 from kdist.units import parse_size
@@ -41,6 +45,11 @@ def plan(
     rules=None,
     verify=False,
     progress=False,
+    target=None,
+    attention=None,
+    remat=False,
+    margin=DEFAULT_MARGIN,
+    verify_target=None,
 ):
     """Rank every mesh of `devices` devices for training a model, and recommend one.
 
@@ -55,7 +64,9 @@ def plan(
     p = kdist.plan(model, devices=8, batch_size=32, memory_per_device="16GB")
     print(p)                          # ranking, recommendation and why
     p.recommendation.spec             # e.g. "data=8"
+    p.recommendation.band             # (low, high) bytes the truth fell in on the calibration
     keras.distribution.set_distribution(p.preset())
+    kdist.plan(model, 8, batch_size=32, target="H100", remat=True)   # for H100s, layers rematerialised
     ```
 
     Args:
@@ -70,8 +81,13 @@ def plan(
         optimizer: a Keras optimizer name, config or instance; its real
             slot variables are planned (Adam: 2 per weight).
         dtype: count weights, gradients, optimizer state and activations in
-            this dtype instead of the model's own (e.g. "bfloat16").
+            this dtype instead of the model's own (e.g. "bfloat16"). For mixed
+            precision build the model under `keras.config.set_dtype_policy(
+            "mixed_bfloat16")` instead: float32 weights, bfloat16 activations.
         memory_per_device: memory of one device: bytes or "80GB", "80GiB", "8e10".
+            Default: what one device of the target may use (the local
+            accelerator's `memory_stats()["bytes_limit"]`, or JAX's default
+            for a named device kind such as "H100"); None when unknown.
         bandwidth: bytes per second per device for collectives (or "100GB/s").
         latency: seconds per collective step (the alpha of the alpha-beta model).
         rules: layout rules, as `kdist.preset` takes them (default: kdist's rules).
@@ -80,6 +96,25 @@ def plan(
             `candidate.compiled`; or a list of the specs to verify.
         progress: show the verification's progress (a bar on a terminal,
             one line per candidate otherwise, on stderr).
+        target: the accelerator to plan for: "gpu", "tpu", "cpu" or a device
+            kind ("H100", "A100-80GB", "TPU v5p", ...). Default: the local
+            accelerator if there is one, else "gpu". The estimate follows
+            the target's compiler, whichever machine computes it.
+        attention: "fused" (flash / Splash: no sequence x sequence scores
+            kept) or "materialized"; default: what Keras takes on the target
+            for the model's compute dtype (fused on TPU, and on GPU for
+            bfloat16/float16).
+        remat: True to rematerialise every layer (`keras.remat`): only layer
+            inputs are kept for the backward pass, which recomputes each
+            layer's forward (about +33% compute per step).
+        margin: the fraction of `memory_per_device` kept free for allocator
+            fragmentation, workspaces and the estimate's error (default 0.1):
+            a candidate fits when its peak is at most (1 - margin) x memory.
+        verify_target: with `verify`, a GPU kind ("H100") to compile for
+            without one: XLA:GPU's figure instead of this machine's backend's.
+            Needs jax's CUDA PJRT plugin (`pip install jax-cuda13-pjrt==<jaxlib
+            version>`, Linux only) and JAX_PLATFORMS=cpu; see
+            `kdist.planning.deviceless`.
 
     Returns:
         A `Plan`.
@@ -94,7 +129,18 @@ def plan(
     latency = non_negative_number(latency, "latency", unit="seconds", error=PlanError)
     dtype = check_dtype(dtype)
     verify = _verify_option(verify)
-    facts = ModelFacts(model_or_variables, optimizer, dtype, sequence_length, rules)
+    target = resolve_target(target)
+    if attention is not None:
+        one_of(attention, "attention", ATTENTION, error=PlanError)
+    if not isinstance(remat, bool):
+        raise PlanError(f"remat must be True or False; received remat={remat!r}.")
+    margin = check_margin(margin)
+    if verify_target is not None and not verify:
+        raise PlanError(f"verify_target={verify_target!r} says what to compile for: pass it with verify=True.")
+    source = "memory_per_device"
+    if memory is None and target.memory is not None:
+        memory, source = target.memory, target.memory_source
+    facts = ModelFacts(model_or_variables, optimizer, dtype, sequence_length, rules, target, attention, remat)
     candidates = [evaluate(facts, axes, batch_size, bandwidth, latency) for axes in meshes(devices, facts.roles)]
     result = Plan(
         facts.name,
@@ -106,16 +152,52 @@ def plan(
         bandwidth,
         latency,
         candidates,
-        notes=list(facts.notes),
+        notes=_notes(facts) + list(facts.notes),
         rules=rules,
+        target=target.name,
+        memory_source=source if memory is not None else "",
+        margin=margin,
+        attention=facts.traced.attention if facts.traced is not None else "",
+        remat=remat,
     )
     rank(result, facts)
     if verify:
         chosen = None if verify is True else verify
+        devices = gpu_devices(verify_target, result.devices) if verify_target is not None else None
+        options = COMPILER_OPTIONS if devices is not None else None
         with steps("plan --verify", sum(c.valid for c in result.candidates), enabled=progress) as bar:
-            verify_plan(result, facts, chosen, progress=lambda spec: bar.next(f"compiling the step on {spec}"))
+            verify_plan(result, facts, chosen, lambda spec: bar.next(f"compiling the step on {spec}"), devices, options)
+        backends = {c.compiled["backend"] for c in result.candidates if c.compiled}
+        if "cpu" in backends and target.platform != "cpu":
+            result.notes.append(cpu_proxy_note())
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _notes(facts):
+    """What the estimate is for: the target and its calibration, attention and remat."""
+    target = facts.target
+    band = target.band
+    calibration = (
+        f"truth within {band[0] - 1:+.0%}/{band[1] - 1:+.0%} of the estimate on the H100 calibration"
+        if band
+        else "not calibrated on this platform: no band"
+    )
+    notes = [f"estimated for {target.name} (XLA:{target.platform.upper()} buffer rules; {calibration})"]
+    if facts.traced is not None and facts.traced.attention != "none":
+        notes.append(f"attention traced {facts.traced.attention}" + _attention_why(facts))
+    if facts.remat:
+        notes.append(
+            "remat: each layer's forward is recomputed in the backward pass, about +33% compute per step (a "
+            "forward is about a third of forward + backward)"
+        )
+    return notes
+
+
+def _attention_why(facts):
+    if facts.attention is not None:
+        return " (attention= given)"
+    return f" (what Keras takes on {facts.target.platform.upper()} for this compute dtype)"
 
 
 def _verify_option(verify):

@@ -7,10 +7,14 @@ from kdist.units import human_bytes, human_seconds
 
 
 def rank(result, facts):
-    """Order the candidates (valid and fitting first, then least communication, then memory) and recommend."""
-    memory = result.memory_per_device
+    """Order the candidates (valid and fitting first, then least communication, then memory) and recommend.
+
+    A candidate fits when its peak is at most the plan's budget: (1 - margin)
+    x memory_per_device.
+    """
+    budget = result.budget
     for c in result.candidates:
-        c.fits = None if memory is None else c.peak <= memory
+        c.fits = None if budget is None else c.peak <= budget
     ordered = sorted(
         result.candidates, key=lambda c: (not c.valid, c.fits is False, round(c.comm_seconds, 12), c.peak, c.spec)
     )
@@ -26,20 +30,22 @@ def rank(result, facts):
         result.advice = _nothing_fits(result, facts, valid)
         return
     result.recommendation = fitting[0]
-    result.reason = _reason(fitting[0], fitting, memory)
+    result.reason = _reason(result, fitting[0], fitting)
 
 
-def _reason(best, fitting, memory):
+def _reason(result, best, fitting):
     parts = []
+    memory = result.memory_per_device
+    band = f" (likely {human_bytes(best.band[0])}-{human_bytes(best.band[1])})" if best.band else ""
     if memory is not None:
         parts.append(
-            f"fits {human_bytes(memory)} per device (peak {human_bytes(best.peak)}, "
-            f"{human_bytes(memory - best.peak)} free)"
+            f"fits {human_bytes(memory)} per device with a {result.margin:.0%} margin: peak {human_bytes(best.peak)}"
+            f"{band} against a budget of {human_bytes(result.budget)}"
         )
     else:
         parts.append(
-            f"peak {human_bytes(best.peak)} per device (no memory_per_device given: every valid mesh counted as "
-            "fitting)"
+            f"peak {human_bytes(best.peak)} per device{band}; no memory_per_device given and none known for the "
+            "target, so every valid mesh counts as fitting"
         )
     if len(fitting) > 1:
         runner = fitting[1]
@@ -71,17 +77,20 @@ def _no_valid_mesh(result):
 
 def _nothing_fits(result, facts, valid):
     smallest = min(valid, key=lambda c: c.peak)
-    memory = result.memory_per_device
-    state = smallest.peak - smallest.activations
+    memory, budget = result.memory_per_device, result.budget
+    state = smallest.weights + smallest.optimizer + smallest.gathered
     text = (
-        f"No candidate fits {human_bytes(memory)} per device. The smallest per-device requirement is "
-        f"{human_bytes(smallest.peak)} "
-        f"({smallest.spec}: weights {human_bytes(smallest.weights)}, gradients {human_bytes(smallest.gradients)}, "
-        "optimizer "
-        f"{human_bytes(smallest.optimizer)}, activations {human_bytes(smallest.activations)}, transient buffers "
-        f"{human_bytes(smallest.transient)})."
+        f"No candidate fits {human_bytes(memory)} per device with a {result.margin:.0%} margin (a budget of "
+        f"{human_bytes(budget)}). The smallest per-device requirement is {human_bytes(smallest.peak)} "
+        f"({smallest.spec}: weights {human_bytes(smallest.weights)}, optimizer {human_bytes(smallest.optimizer)}, "
+        f"activations {human_bytes(smallest.activations)}, transient buffers {human_bytes(smallest.transient)}, "
+        f"inputs {human_bytes(smallest.other)})."
     )
     options = []
+    remat = _with_remat(result, facts, valid)
+    if remat is not None:
+        result.suggestions["remat"] = True
+        options.append(remat)
     batch = _largest_fitting_batch(result, facts, valid)
     if batch:
         result.suggestions["batch_size"] = batch
@@ -91,25 +100,41 @@ def _nothing_fits(result, facts, valid):
         result.suggestions["devices"] = devices
         options.append(f"{devices} devices (the first multiple of {result.devices} by doubling where a mesh fits)")
     if not options:
-        if state > memory:
+        if state > budget:
             smaller = " or a smaller dtype (dtype='bfloat16')" if facts.act_itemsize > 2 else ""
             return text + (
-                f" Without activations it still needs {human_bytes(state)} (weights, gradients, optimizer state and "
-                "transient "
-                f"buffers), and more devices (doubling from {result.devices}) do not bring it under the budget: "
-                f"shard more of the model (rules), rematerialise, or use a different optimizer{smaller}."
+                f" Without activations it still needs {human_bytes(state)} (weights, optimizer state and gathered "
+                f"weights), and more devices (doubling from {result.devices}) do not bring it under the budget: "
+                f"shard more of the model (rules), rematerialise (remat=True), or use a different optimizer{smaller}."
             )
         return text + " Use more devices or a smaller batch."
     return text + " To fit: " + ", or ".join(options) + "."
 
 
+def _with_remat(result, facts, valid):
+    """The advice of rematerialising when it makes a mesh fit (and the plan did not already), else None."""
+    if facts.remat or facts.traced is None:
+        return None
+    rematted = facts.retraced(remat=True)
+    best = None
+    for c in valid:
+        peak = evaluate(rematted, c.axes, result.batch_size, result.bandwidth, result.latency).peak
+        best = (peak, c.spec) if best is None or peak < best[0] else best
+    if best[0] > result.budget:
+        return None
+    return (
+        f"remat=True (per-layer rematerialisation: {best[1]} then peaks at {human_bytes(best[0])}, at about +33% "
+        "compute per step)"
+    )
+
+
 def _largest_fitting_batch(result, facts, valid):
     """The largest batch size below the requested one with which some mesh fits, or None."""
-    memory, best = result.memory_per_device, None
+    memory, best = result.budget, None
     for c in valid:
         split = c.axes.get("data", 1) * c.axes.get("fsdp", 1)
-        per_example = (c.activations + c.other) / max(1, result.batch_size // split)
-        state = c.peak - c.activations - c.other
+        state = c.weights + c.optimizer + c.gathered + c.live_gradients
+        per_example = (c.peak - state) / max(1, result.batch_size // split)
         if state >= memory or not per_example:
             continue
         batch = min(int((memory - state) // per_example) * split, result.batch_size - split)
@@ -132,7 +157,7 @@ def _devices_that_fit(result, facts, factor_limit=64):
             c = evaluate(facts, axes, result.batch_size, result.bandwidth, result.latency)
             if not c.valid:
                 continue
-            if c.peak <= result.memory_per_device:
+            if c.peak <= result.budget:
                 return n
             smallest = c.peak if smallest is None else min(smallest, c.peak)
         if smallest is not None and previous is not None and smallest > 0.9 * previous:

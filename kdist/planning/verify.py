@@ -8,18 +8,26 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from kdist.errors import PlanError
 from kdist.inspection.inspector import inspect, planned_optimizer
-from kdist.jax_internals import MEMORY_FIELDS, compile_train_step, xla_memory
+from kdist.jax_internals import (
+    MEMORY_FIELDS,
+    compile_train_step,
+    compile_train_step_with_options,
+    devices_seen_as,
+    xla_memory,
+)
 from kdist.keras_internals import deferred, output_struct, symbolic_build
 from kdist.presets import build_preset
 
 
-def verify(result, facts, specs=None, progress=None):
+def verify(result, facts, specs=None, progress=None, devices=None, compiler_options=None):
     """Compile the step of every valid candidate (or those in `specs`) and record XLA's memory in `candidate.compiled`.
 
-    `progress(spec)` is called before each candidate is compiled.
+    `progress(spec)` is called before each candidate is compiled. `devices`:
+    compile-only devices to compile for (a deviceless GPU topology), with
+    `compiler_options` for XLA; default: this machine's devices.
     """
     n = result.devices
-    if jax.device_count() < n:
+    if devices is None and jax.device_count() < n:
         raise PlanError(
             f"verify=True compiles on {n} devices, but JAX has {jax.device_count()}. Call "
             f"kdist.fake_devices({n}) before importing jax or keras, or run `kdist plan ... --verify --fake-devices "
@@ -34,25 +42,33 @@ def verify(result, facts, specs=None, progress=None):
         if c.valid and (specs is None or c.spec in specs or c.shape in specs):
             if progress is not None:
                 progress(c.spec)
-            c.compiled = compiled_memory(facts, c, result.batch_size)
+            c.compiled = compiled_memory(facts, c, result.batch_size, devices, compiler_options)
 
 
-def compiled_memory(facts, candidate, batch_size):
+def compiled_memory(facts, candidate, batch_size, devices=None, compiler_options=None):
     """XLA's memory analysis of the Keras training step of the model on `candidate`'s mesh.
 
     The model is rebuilt abstractly, compiled with the planned optimizer and a
     softmax cross-entropy loss on each output, and `model.train_step` is
     lowered from `jax.ShapeDtypeStruct`s carrying the candidate's shardings:
     nothing is allocated. "backend" names the platform it was compiled for
-    (on fake CPU devices the figure is a CPU proxy of an accelerator's).
+    (on fake CPU devices the figure is a CPU proxy of an accelerator's) and
+    "device_kind" the device. With compile-only `devices` (a deviceless GPU
+    topology), `jax.devices()` answers them while the model is rebuilt and
+    compiled, so code that probes the platform sees the GPU.
     """
+    if devices is None:
+        return _compiled_memory(facts, candidate, batch_size, jax.devices(), None)
+    with devices_seen_as(devices):
+        return {**_compiled_memory(facts, candidate, batch_size, devices, compiler_options), "deviceless": True}
+
+
+def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
     if facts.optimizer is None:
         raise PlanError(
             "verify=True compiles a training step, which needs an optimizer: pass optimizer='adam' (or another)."
         )
-    dist = build_preset(
-        candidate.spec, devices=jax.devices()[: math.prod(candidate.axes.values())], rules=facts.rules_arg
-    )
+    dist = build_preset(candidate.spec, devices=devices[: math.prod(candidate.axes.values())], rules=facts.rules_arg)
     mesh = dist.device_mesh.backend_mesh
     clone = _rebuild(facts)
     x = keras.tree.map_structure(lambda s: jax.ShapeDtypeStruct((batch_size, *s.shape[1:]), s.dtype), facts.inputs)
@@ -89,14 +105,18 @@ def compiled_memory(facts, candidate, batch_size):
 
     data = keras.tree.map_structure(data_struct, (x, y))
     with dist.scope():
-        memory = xla_memory(compile_train_step(clone, state, data))
+        if compiler_options:
+            memory = xla_memory(compile_train_step_with_options(clone, state, data, compiler_options))
+        else:
+            memory = xla_memory(compile_train_step(clone, state, data))
     # "peak" is XLA's total, argument + output - alias + temp: every buffer of the step counted
     # once (the CPU backend's peak_memory_in_bytes leaves temporaries out, so it is not used).
     return {
         **{k: memory[k] for k in MEMORY_FIELDS},
         "xla_peak_memory": memory.get("peak") or 0,
         "peak": memory["total"],
-        "backend": jax.devices()[0].platform,
+        "backend": devices[0].platform,
+        "device_kind": devices[0].device_kind,
     }
 
 

@@ -45,7 +45,11 @@ def test_weight_and_optimizer_bytes_equal_the_inspectors_for_every_candidate(pla
         assert c.optimizer == int(report.device_bytes("optimizer").max()), c.spec
         assert c.gradients == int(report.device_bytes("trainable").max()), c.spec
         assert 0 < c.optimizer - 2 * c.gradients <= 16  # Adam: momentum and velocity per weight, and two scalars
-        assert c.activations > 0 and c.peak > c.weights + c.optimizer
+        # The peak holds the state, and what the step keeps alive then: a few gradients at least.
+        assert c.peak == c.weights + c.optimizer + c.activations + c.transient + c.other
+        assert 0 < c.live_gradients <= c.gradients and c.transient >= c.live_gradients
+        if family != "mlp":  # the MLP's peak is at the end of its backward pass, its activations already freed
+            assert c.activations > 0
 
 
 def test_every_mesh_of_n_devices():
@@ -171,7 +175,11 @@ def test_verify_compiles_and_is_close_to_the_estimate():
         assert figures["peak"] == figures["argument"] + figures["output"] - figures["alias"] + figures["temp"]
         # Donated state: the arguments hold at least the weights and the optimizer state.
         assert figures["argument"] >= c.weights + c.optimizer
-        assert 0.8 <= c.ratio <= 1.2, (c.spec, c.peak, figures)
+        # The estimate is for a GPU (the default target); XLA:CPU's figure is a proxy that keeps a second
+        # gradient copy around the all-reduce and fuses less, so it only brackets the estimate.
+        assert figures["backend"] == "cpu"
+        assert 0.7 <= c.ratio <= 1.4, (c.spec, c.peak, figures)
+    assert any("CPU proxy" in note for note in result.notes)
 
 
 def test_dtype_counts_the_state_in_that_dtype(plans):
@@ -181,7 +189,8 @@ def test_dtype_counts_the_state_in_that_dtype(plans):
         h = half.candidate(c.spec)
         assert h.gradients * 2 == c.gradients and h.optimizer < c.optimizer
         assert 0 <= h.weights * 2 - c.weights <= 16  # the dropout seed (uint32) keeps its dtype
-        assert h.activations < c.activations
+        assert h.activations + h.transient < c.activations + c.transient
+        assert h.peak < c.peak
 
 
 def test_mixture_of_experts_plans_an_expert_axis():

@@ -1,0 +1,296 @@
+"""XLA's buffer rules, written down: which values of a traced program are written to device memory.
+
+A jaxpr value is not a buffer. XLA fuses chains of elementwise operations
+into the kernels that read them, turns reshapes and transposes into
+bitcasts, and writes out only what a kernel it cannot fuse into (a matmul, a
+convolution, a custom call) reads, what a reduction makes, and what would
+cost more to recompute than to store. `analyse` applies those rules to one
+program; the table in docs/plan.md ("Which values are buffers") gives the
+source of each rule.
+"""
+
+import dataclasses
+import math
+
+# Operations XLA fuses into their readers (loop fusion); their outputs are buffers only when needed.
+ELEMENTWISE = frozenset(
+    """add add_any sub mul div neg max min abs sign exp exp2 log log1p expm1 tanh logistic erf erfc erf_inv sin
+    cos tan sqrt rsqrt cbrt pow integer_pow square select_n convert_element_type eq ne lt le gt ge and or not xor
+    shift_left shift_right_logical shift_right_arithmetic floor ceil round is_finite nextafter clamp iota
+    broadcast_in_dim copy copy_p atan2 rem stop_gradient bitcast_convert_type reduce_precision pad concatenate
+    slice dynamic_slice rev real imag threefry2x32 random_bits random_wrap random_unwrap random_seed
+    random_fold_in random_split gather select_and_gather_add optimization_barrier mul_add logaddexp stack unstack
+    split""".split()
+)
+# Producers XLA does not duplicate into several readers (`InstructionFusion::IsExpensive`). Random bits are
+# ~20 threefry rounds per element: a dropout mask is written once, not recomputed in the backward pass.
+EXPENSIVE = frozenset(
+    "log log1p expm1 tanh logistic erf erfc erf_inv sin cos tan pow atan2 cbrt lgamma digamma random_bits "
+    "threefry2x32".split()
+)
+CHEAP_IN_F32 = frozenset("exp exp2 div sqrt rsqrt".split())  # cheap on GPU in f32/f16 (`GpuInstructionFusion`)
+# Reductions: their elementwise inputs fuse into them (input fusion); their output is a buffer.
+REDUCTIONS = frozenset(
+    """reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin reduce_window_sum
+    reduce_window_max reduce_window_min reduce_window cumsum cumlogsumexp cummax cummin cumprod""".split()
+)
+ALIASES = frozenset("reshape squeeze expand_dims transpose".split())  # bitcasts after layout assignment
+# Everything else (dot_general, conv, custom calls, scatter, sort, loops, collectives) is a kernel of its own.
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """The compiler behaviours the memory model assumes: five switches, each a fact about XLA, not a fitted number.
+
+    platform: "gpu" (XLA:GPU, checked against an H100), "tpu" (the same
+        fusion model, not checked), "cpu" (not calibrated).
+    logistic_cheap: XLA:GPU expands logistic to exp/divide (LogisticExpander), cheap in f32.
+    tanh_cheap_f32: f32 tanh is one instruction on GPU, duplicated freely.
+    rng_expensive: dropout's random bits are not recomputed: the bool keep-mask is a buffer.
+    broadcast_into_gemm: a GEMM reads a broadcast operand (GQA's repeated keys and values) from its
+        source; False: the broadcast is written out for cuBLAS (what the H100 data shows).
+    bandwidth_fusion: an elementwise value is fused into several readers only when re-reading its
+        roots costs less than writing and reading it (GPU priority fusion's cost model).
+    """
+
+    platform: str = "gpu"
+    logistic_cheap: bool = True
+    tanh_cheap_f32: bool = True
+    rng_expensive: bool = True
+    broadcast_into_gemm: bool = False
+    bandwidth_fusion: bool = True
+
+    def cheap(self, prim, dtype):
+        """Whether XLA duplicates `prim` into each reader rather than writing it once (IsExpensive, inverted)."""
+        single = dtype in ("float32", "float16")
+        if prim in ("random_bits", "threefry2x32"):
+            return not self.rng_expensive
+        if self.platform == "gpu":
+            if prim == "logistic":
+                return self.logistic_cheap and single
+            if prim == "tanh":
+                return self.tanh_cheap_f32 and single
+            if prim in CHEAP_IN_F32:
+                return single
+        return prim not in EXPENSIVE and prim not in CHEAP_IN_F32
+
+
+SWITCHES = ("logistic_cheap", "tanh_cheap_f32", "rng_expensive", "broadcast_into_gemm", "bandwidth_fusion")
+
+
+def fuse_into_readers(n_readers, root_bytes, out_bytes):
+    """GPU priority fusion's bandwidth test: is recomputing a value in each of its readers cheaper than storing it?
+
+    Fused: each of n readers reads the roots (R bytes); stored: the roots are
+    read once, the value written once and read n times. Fuse iff
+    (n - 1) R < (n + 1) V: one reader always fuses, a residual add (R = 2V)
+    fuses into at most 2 readers, a normalisation (R ~ V) into any number.
+    """
+    return (n_readers - 1) * root_bytes < (n_readers + 1) * out_bytes
+
+
+def analyse(p, rules):
+    """Decide which values of program `p` are buffers, and which buffers each kernel reads.
+
+    Sets on `p`: `mat` (per id: a buffer), `roots` (the buffers a value is
+    computed from), `kernels` [(eqn index, buffers made, layer outputs made
+    if kept, buffers read, elementwise)], `out_info` (per output / input
+    cotangent: "buffer", "alias" of one buffer, or "cond": decided on the whole
+    graph, since XLA fuses across layer boundaries), `in_needs_buffer` and
+    `in_readers` (per input), `weight_copy` (buffers that are copies of one
+    weight: mixed precision's casts, gradients), `zero_grads`, `kinds`,
+    `producer_index`.
+    """
+    f = p.flat
+    n = len(f.size)
+    producer, consumers = [None] * n, [[] for _ in range(n)]
+    for i, (_, ins, outs) in enumerate(f.eqns):
+        for o in outs:
+            producer[o] = i
+        for x in ins:
+            consumers[x].append(i)
+    kinds = [_kind(prim) for prim, _, _ in f.eqns]
+    external = set(p.w) | set(p.c) | set(p.a) | set(p.ct)
+    always, conditional = set(p.gw), set(p.out) | set(p.ga)
+
+    def readers_of(x):
+        out = []
+        for i in consumers[x]:
+            if kinds[i] == "alias":
+                for o in f.eqns[i][2]:
+                    out.extend(readers_of(o))
+            else:
+                out.append(i)
+        return out
+
+    status = [_status(x, p, f, producer, kinds, readers_of, external, always, conditional, consumers, rules)
+              for x in range(n)]  # fmt: skip
+    if rules.broadcast_into_gemm:
+        _keep_broadcast_sources(f, producer, kinds, readers_of, status)
+    reach = _kernels_reached(f, kinds, consumers, status)
+    roots, costly = _roots(f, status, reach, rules)
+    mat = [s in ("mat", "ext") for s in status]
+    cond = {x: (costly[x], len(reach[x])) for x in range(n) if status[x] == "cond"}
+    kernels = []
+    for i, (_, ins, outs) in enumerate(f.eqns):
+        made, maybe = [o for o in outs if mat[o]], [o for o in outs if o in cond]
+        if made or maybe or kinds[i] == "kernel":
+            used = tuple(sorted({r for x in ins for r in roots[x]}))
+            kernels.append((i, made, maybe, used, kinds[i] in ("elementwise", "alias")))
+    p.in_needs_buffer, p.in_readers = {}, {}
+    for x in external:
+        readers = readers_of(x)
+        p.in_needs_buffer[x] = any(kinds[r] == "kernel" and f.eqns[r][0] != "broadcast_in_dim" for r in readers)
+        p.in_readers[x] = len(reach[x])
+    p.out_info = {}
+    for o in list(p.out) + list(p.ga):
+        if mat[o]:
+            p.out_info[o] = ("buffer", None)
+        elif o in cond:
+            p.out_info[o] = ("cond", cond[o])
+        elif roots[o] is not None and len(roots[o]) == 1:
+            p.out_info[o] = ("alias", roots[o][0])
+        else:
+            mat[o] = True  # computed from several buffers: cannot be a bitcast of one
+            p.out_info[o] = ("buffer", None)
+    weight_copy = _weight_copies(p, f, kinds, mat)
+    p.zero_grads = set()
+    for g in p.gw:
+        i = producer[g]
+        if i is not None and kinds[i] in ("elementwise", "alias") and not f.eqns[i][1]:
+            p.zero_grads.add(g)  # a broadcast zero: this call does not use the variable
+            mat[g], roots[g] = False, ()
+    p.kernels = [
+        (i, [o for o in made if o not in p.zero_grads], maybe, used, ip) for i, made, maybe, used, ip in kernels
+    ]
+    p.weight_copy = {**weight_copy, **dict(zip(p.gw, p.w))}
+    p.mat, p.roots, p.kinds = mat, roots, kinds
+    p.producer_index = {x: i for x, i in enumerate(producer) if i is not None}
+    return p
+
+
+def _kind(prim):
+    if prim in ALIASES:
+        return "alias"
+    if prim in ELEMENTWISE:
+        return "elementwise"
+    if prim in REDUCTIONS:
+        return "reduction"
+    return "kernel"
+
+
+def _status(x, p, f, producer, kinds, readers_of, external, always, conditional, consumers, rules):
+    """The first decision on value x: "ext", "mat" (a buffer), "alias", "cond" (decided globally) or "virt"."""
+    if x in external:
+        return "ext"
+    i = producer[x]
+    if i is None:
+        return "mat"  # a constant
+    if kinds[i] == "alias":
+        return "alias"
+    if kinds[i] in ("kernel", "reduction") or x in always:
+        return "mat"
+    readers, prim = readers_of(x), f.eqns[i][0]
+    kernel_readers = [r for r in readers if kinds[r] == "kernel"]
+    broadcast_read_in_place = (
+        rules.broadcast_into_gemm
+        and prim == "broadcast_in_dim"
+        and all(f.eqns[r][0] == "dot_general" for r in kernel_readers)
+    )
+    if kernel_readers and not broadcast_read_in_place:
+        return "mat"  # a GEMM / conv operand: cuBLAS and cuDNN read materialized operands
+    if not rules.cheap(prim, f.dtype[x]) and len(set(readers)) > 1:
+        return "mat"
+    views = _views(x, consumers, f, kinds)
+    if x in conditional or any(y in conditional for y in views):
+        return "cond"
+    if any(y in always for y in views):
+        return "mat"
+    return "virt"
+
+
+def _keep_broadcast_sources(f, producer, kinds, readers_of, status):
+    """A GEMM reading a broadcast in place (zero stride) reads the broadcast's source: that is a buffer."""
+    for x, i in enumerate(producer):
+        if status[x] != "virt" or i is None or f.eqns[i][0] != "broadcast_in_dim" or not f.eqns[i][1]:
+            continue
+        if not any(kinds[r] == "kernel" for r in readers_of(x)):
+            continue
+        source = f.eqns[i][1][0]
+        while source is not None and status[source] == "alias":
+            source = f.eqns[producer[source]][1][0]
+        if source is not None and status[source] in ("virt", "cond"):
+            status[source] = "mat"
+
+
+def _views(x, consumers, f, kinds):
+    """Values that are bitcasts of x (reshapes and transposes of it, transitively)."""
+    out, todo = [], [x]
+    while todo:
+        y = todo.pop()
+        for i in consumers[y]:
+            if kinds[i] == "alias":
+                out.extend(f.eqns[i][2])
+                todo.extend(f.eqns[i][2])
+    return out
+
+
+def _kernels_reached(f, kinds, consumers, status):
+    """Per value: the kernels reading it, directly or through values fused into them (a layer output: one)."""
+    n = len(f.size)
+    reach = [None] * n
+    for x in reversed(range(n)):
+        ks = set()
+        for i in consumers[x]:
+            outs = f.eqns[i][2]
+            if kinds[i] in ("kernel", "reduction") or any(status[o] == "mat" for o in outs):
+                ks.add(i)
+                continue
+            for o in outs:
+                if status[o] == "cond":
+                    ks.add(("out", o))
+                if reach[o] is not None:
+                    ks.update(reach[o])
+        reach[x] = ks
+    return reach
+
+
+def _roots(f, status, reach, rules):
+    """Per value: the buffers it is computed from (itself if it is one); fused values may still become buffers."""
+    n = len(f.size)
+    roots, costly = [None] * n, [False] * n
+    for x in range(n):
+        if status[x] in ("mat", "ext"):
+            roots[x] = (x,)
+    for prim, ins, outs in f.eqns:
+        for o in outs:
+            if roots[o] is not None:
+                continue
+            rs = tuple(sorted({r for x in ins for r in (roots[x] if roots[x] is not None else (x,))}))
+            costly[o] = not rules.cheap(prim, f.dtype[o]) or any(costly[x] for x in ins if roots[x] != (x,))
+            if status[o] == "virt" and f.size[o] > 0:
+                duplicated_expensive = costly[o] and len(reach[o]) > 1
+                stored_cheaper = rules.bandwidth_fusion and not fuse_into_readers(
+                    len(reach[o]), sum(f.size[r] for r in rs), f.size[o]
+                )
+                if duplicated_expensive or stored_cheaper:
+                    status[o], rs = "mat", (o,)
+            roots[o] = rs
+    return roots, costly
+
+
+def _weight_copies(p, f, kinds, mat):
+    """Buffers that are elementwise copies of one weight (the compute-dtype cast of mixed precision)."""
+    weights = set(p.w) | set(p.c)
+    source = {w: w for w in weights}
+    for i, (_, ins, outs) in enumerate(f.eqns):
+        if kinds[i] not in ("elementwise", "alias"):
+            continue
+        sources = {source[x] for x in ins if x in source}
+        big = [x for x in ins if f.size[x] > 64 and x not in source]
+        if len(sources) == 1 and not big:
+            w = next(iter(sources))
+            for o in outs:
+                if math.prod(f.shape[o]) == math.prod(f.shape[w]):  # a cast or bitcast, not a broadcast
+                    source[o] = w
+    return {x: w for x, w in source.items() if x not in weights and mat[x]}

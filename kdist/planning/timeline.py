@@ -1,0 +1,247 @@
+"""The training step as a timeline of kernels over buffers, and the sweep that finds its memory peak.
+
+`Step` collects the calls of every layer (forward), the loss, every layer's
+backward in reverse, gradient sums and the optimizer update, each as kernel
+events over global buffer ids. `emit` decides which layer outputs XLA fuses
+away (across layer boundaries) and adds FSDP's gathered weights; `sweep`
+then keeps each buffer alive from the kernel that makes it to the last one
+that reads it, and returns the live bytes per term after every event. Sizes
+are at the traced batch; a per-candidate factor per buffer rescales them.
+"""
+
+import numpy as np
+
+from kdist.planning.buffers import fuse_into_readers
+from kdist.planning.trace import TRACE_BATCH
+
+TERMS = ("activations", "loss", "backward", "gradients", "gathered", "unreduced")
+
+
+class Step:
+    """One training step's buffers (`size`, `shape`, `dtype`, `term`, `batch`) and its kernel `events`."""
+
+    def __init__(self, rules):
+        self.rules = rules
+        self.size, self.shape, self.dtype, self.term, self.batch = [], [], [], [], []
+        self.weight_of = {}  # buffer -> index of the variable it is a copy, gradient or gathered copy of
+        self.var_bytes, self.var_itemsize = [], []
+        self.events = []  # (buffers made, buffers read, elementwise: may write over an operand)
+        self.agenda = []  # ("run", instance, lo, hi) | ("acc", out, parts) | ("opt", grad) | ("loss_start",)
+        self.cond = {}  # layer output / input cotangent -> (instance, local id, expensive, internal readers)
+        self.readers = {}  # buffer -> [(instance, local id)] of the calls reading it
+        self.forced = set()  # tensors that must be buffers (summed cotangents)
+        self.virtual = {}  # tensor fused into its readers -> the buffers it is computed from
+        self.bwd_start = None
+        self._life = None
+
+    def new(self, size, shape, term="activations", dtype="float32"):
+        self.size.append(size)
+        self.shape.append(tuple(shape))
+        self.dtype.append(str(dtype))
+        self.term.append(term)
+        self.batch.append(any(d > 0 and d % TRACE_BATCH == 0 for d in shape))
+        return len(self.size) - 1
+
+    def external(self, shape=(), dtype="float32"):
+        """A buffer the sweep does not count: weights, optimizer state, the batch (counted exactly elsewhere)."""
+        return self.new(0, shape, "external", dtype)
+
+    def instance(self, p, inputs, term):
+        """Record one call of analysed program `p`; `inputs` maps its external ids to global ones.
+
+        Returns the instance (p, mapping local id -> global id). Buffers get
+        `term`, or "activations" / "backward" by the part that makes them.
+        """
+        f = p.flat
+        mapping = dict(inputs)
+        inst = (p, mapping)
+        for x in range(len(f.size)):
+            if x in mapping or not (p.mat[x] or p.out_info.get(x, ("",))[0] == "cond"):
+                continue
+            if x in p.gw:
+                t = "gradients"
+            elif term is not None:
+                t = term
+            else:
+                t = "activations" if _made_forward(p, x) else "backward"
+            mapping[x] = self.new(f.size[x], f.shape[x], t, f.dtype[x])
+        for o in p.gw:
+            if o in p.zero_grads:
+                mapping[o] = None
+            elif o not in mapping:  # a bitcast (transpose) of a dot's output
+                mapping[o] = mapping[p.roots[o][0]]
+                if self.term[mapping[o]] != "external":
+                    self.term[mapping[o]] = "gradients"
+        for x, w in p.weight_copy.items():
+            if mapping.get(x) is not None and w in mapping and mapping[w] in self.weight_of:
+                self.weight_of.setdefault(mapping[x], self.weight_of[mapping[w]])
+        for o in list(p.out) + list(p.ga):
+            kind, extra = p.out_info[o]
+            if kind == "alias":
+                mapping[o] = mapping[extra]
+            elif kind == "cond":
+                self.cond[mapping[o]] = (inst, o, extra[0], extra[1])
+        for x in list(p.a) + list(p.c) + list(p.ct):
+            self.readers.setdefault(mapping[x], []).append((inst, x))
+        return inst
+
+    def add_cotangent(self, cotangents, tensor, ct):
+        """Record cotangent `ct` of `tensor`; a second one is summed (both then buffers)."""
+        old = cotangents.get(tensor)
+        if old is None:
+            cotangents[tensor] = ct
+            return
+        self.forced.update((old, ct))
+        total = self.new(self.size[ct], self.shape[ct], "backward", self.dtype[ct])
+        self.agenda.append(("acc", total, [old, ct]))
+        cotangents[tensor] = total
+
+    def _resolve(self):
+        """Decide which layer outputs / input cotangents are buffers; the rest are recomputed by each reader."""
+        memo = {}
+        for g in sorted(self.cond):
+            inst, lid, expensive, internal = self.cond[g]
+            readers = self.readers.get(g, [])
+            n_read = internal + sum(p.in_readers[x] for (p, _), x in readers)
+            needs = g in self.forced or any(p.in_needs_buffer[x] for (p, _), x in readers)
+            needs = needs or (expensive and n_read > 1)
+            p, mapping = inst
+            if not needs and self.rules.bandwidth_fusion:
+                roots = {r for root in p.roots[lid] for r in self._expand(mapping[root], memo)}
+                needs = not fuse_into_readers(n_read, sum(self.size[r] for r in roots), self.size[g])
+            if not needs:
+                self.virtual[g] = tuple(mapping[r] for r in p.roots[lid])
+
+    def _expand(self, g, memo):
+        """The buffers a (possibly fused-away) tensor is computed from."""
+        if g not in self.virtual:
+            return (g,)
+        if g not in memo:
+            memo[g] = tuple({r for root in self.virtual[g] for r in (self._expand(root, memo) if root != g else (g,))})
+        return memo[g]
+
+    def emit(self, remat, gather_itemsize):
+        """Write the events in execution order (after `_resolve`), then FSDP's gathered weights."""
+        self._resolve()
+        memo = {}
+        self.events = []
+        for item in self.agenda:
+            if item[0] == "loss_start":
+                self.bwd_start = len(self.events) if self.bwd_start is None else self.bwd_start
+            elif item[0] == "run":
+                _, (p, mapping), lo, hi = item
+                for i, made, maybe, used, inplace in p.kernels:
+                    if not lo <= i < hi:
+                        continue
+                    made = [mapping[o] for o in made] + [mapping[o] for o in maybe if mapping[o] not in self.virtual]
+                    if made or p.kinds[i] == "kernel":
+                        read = {r for x in used for r in self._expand(mapping[x], memo)}
+                        self.events.append((made, tuple(read), inplace))
+            elif item[0] == "acc":
+                read = {r for x in item[2] for r in self._expand(x, memo)}
+                self.events.append(([item[1]], tuple(read), True))
+            else:  # "opt": the optimizer update reads the gradient
+                self.events.append(([], self._expand(item[1], memo), False))
+        self._add_gathers(remat, gather_itemsize)
+        self._add_unreduced()
+        self._life = None
+
+    def _add_gathers(self, remat, gather_itemsize):
+        """FSDP: each weight a kernel reads is all-gathered before it (full size here; 0 after scaling without fsdp).
+
+        Without remat XLA gathers once and keeps the copy from the forward use
+        to the last backward use. With per-layer remat the recomputed forward
+        sits behind an optimization barrier and gathers again: one copy lives
+        through the layer's forward, another through its backward.
+        """
+        events = [(list(m), list(u), ip) for m, u, ip in self.events]
+        uses = {}
+        for t, (_, used, _) in enumerate(events):
+            for x in used:
+                if x in self.weight_of and self.term[x] in ("external", "activations", "backward"):
+                    uses.setdefault(self.weight_of[x], []).append(t)
+        split = self.bwd_start if self.bwd_start is not None else len(events)
+        externals = {v: g for g, v in self.weight_of.items() if self.term[g] == "external"}
+        for var, times in uses.items():
+            times = sorted(set(times))
+            w = externals[var]
+            size = self.var_bytes[var] // self.var_itemsize[var] * gather_itemsize[var]
+            spans = [[t for t in times if t < split], [t for t in times if t >= split]] if remat else [times]
+            for span in spans:
+                if span:
+                    g = self.new(size, self.shape[w], "gathered", self.dtype[w])
+                    self.weight_of[g] = var
+                    events[span[0]][0].append(g)
+                    events[span[-1]][1].append(g)
+        self.events = [(m, tuple(u), ip) for m, u, ip in events]
+
+    def _add_unreduced(self):
+        """FSDP: a weight's gradient is made whole (less its model split) and reduce-scattered to a shard next.
+
+        The whole local gradient lives from the kernel making it to the next
+        event; the scale makes it 0 for weights fsdp does not split.
+        """
+        for t, (made, _, _) in enumerate(self.events):
+            for g in list(made):
+                if self.term[g] == "gradients" and g in self.weight_of and t + 1 < len(self.events):
+                    u = self.new(self.size[g], self.shape[g], "unreduced", self.dtype[g])
+                    self.weight_of[u] = self.weight_of[g]
+                    made.append(u)
+                    self.events[t + 1] = (self.events[t + 1][0], (*self.events[t + 1][1], u), self.events[t + 1][2])
+
+    def lifetimes(self):
+        """(born, last read, external, reused) per buffer: computed once, every candidate's sweep reuses them.
+
+        `reused`: buffers an elementwise kernel overwrites in place, reading them for the last time.
+        """
+        if self._life is not None:
+            return self._life
+        n = len(self.size)
+        last, born = np.full(n, -1), np.full(n, -1)
+        for t, (made, used, _) in enumerate(self.events):
+            last[list(used)] = t
+            born[made] = t
+        external = np.array([t == "external" for t in self.term])
+        reused, taken = [], set()
+        for t, (made, used, inplace) in enumerate(self.events):
+            if not inplace:
+                continue
+            for o in made:
+                for x in used:
+                    same = self.size[x] == self.size[o] > 0 and self.batch[x] == self.batch[o]
+                    if last[x] == t and x not in taken and not external[x] and same:
+                        taken.add(x)
+                        reused.append(x)
+                        break
+        self._life = (born, last, external, np.array(reused, dtype=int))
+        return self._life
+
+    def sweep(self, factor):
+        """Live bytes after each event, per term ({term: array}), with each buffer's size times `factor`."""
+        born, last, external, reused = self.lifetimes()
+        n_events = len(self.events)
+        sizes = np.asarray(self.size, dtype=np.float64) * factor
+        terms = np.array(self.term)
+        curves = {}
+        for term in TERMS:
+            chosen = (terms == term) & (born >= 0) & ~external
+            made, freed = np.zeros(n_events + 1), np.zeros(n_events + 1)
+            np.add.at(made, born[chosen], sizes[chosen])
+            np.add.at(freed, np.maximum(last[chosen], born[chosen]), sizes[chosen])
+            r = reused[terms[reused] == term] if len(reused) else reused
+            if len(r):  # written over by the kernel reading it last: gone before that kernel allocates
+                np.add.at(freed, last[r], -sizes[r])
+                np.add.at(made, last[r], -sizes[r])
+            curves[term] = np.cumsum(made) - np.concatenate([[0.0], np.cumsum(freed)[:-1]])
+        return curves
+
+    def phase(self, t):
+        """The part of the step event `t` belongs to: "forward", "backward" or "optimizer update"."""
+        if t < (self.bwd_start or 0):
+            return "forward"
+        return "optimizer update" if t >= len(self.events) - 1 else "backward"
+
+
+def _made_forward(p, x):
+    """Whether local id x is made by the forward part of program p (or is one of its inputs)."""
+    return x not in p.producer_index or p.producer_index[x] < p.n_fwd

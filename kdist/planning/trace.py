@@ -1,0 +1,189 @@
+"""Tracing one layer call (or the loss) forward and backward into a flat program over numbered buffers.
+
+Each call is traced with `jax.vjp` under `jax.make_jaxpr`, from abstract
+weights and inputs: nothing is compiled or allocated. Sub-programs (jit,
+custom_jvp / custom_vjp, checkpoint) are inlined, so the result is one
+straight-line list of operations per call: the forward part, then the
+backward part. `kdist.planning.buffers` decides which of its values XLA
+would write to memory; `kdist.planning.step` strings the calls of a model
+together.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import keras
+from jax.extend.core import Literal
+
+from kdist.keras_internals import operation_fn
+
+TRACE_BATCH = 7919  # a prime batch size: batch dimensions are recognisable in traced shapes, sizes scale linearly
+
+# Operations whose body is another jaxpr, inlined into the flat program.
+INLINE = {
+    "pjit",
+    "jit",
+    "closed_call",
+    "core_call",
+    "custom_jvp_call",
+    "custom_vjp_call",
+    "custom_vjp_call_jaxpr",
+    "checkpoint",
+    "remat",
+    "remat2",
+    "custom_lin",
+    "named_call",
+}
+_BODY = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+class Flat:
+    """A straight-line program: `eqns` [(primitive name, input ids, output ids)] over numbered values."""
+
+    def __init__(self):
+        self.size, self.shape, self.dtype, self.eqns = [], [], [], []
+
+    def new(self, aval):
+        """A new value id for an abstract value (bytes at the traced shape)."""
+        shape = tuple(getattr(aval, "shape", ()))
+        dtype = str(getattr(aval, "dtype", None))
+        self.size.append(math.prod(shape) * _itemsize(dtype))
+        self.shape.append(shape)
+        self.dtype.append(dtype)
+        return len(self.size) - 1
+
+
+def _itemsize(dtype):
+    if dtype.startswith("key<"):
+        return 8  # a threefry key: two uint32
+    if dtype in ("None", "float0"):
+        return 0
+    try:
+        return jnp.dtype(dtype).itemsize
+    except TypeError:
+        return 4
+
+
+def _body(eqn):
+    if eqn.primitive.name not in INLINE:
+        return None
+    return next((eqn.params[p] for p in _BODY if p in eqn.params), None)
+
+
+def flatten(jaxpr, in_ids, flat):
+    """Append `jaxpr`'s operations to `flat` (sub-jaxprs inlined); returns the ids of its outputs."""
+    if hasattr(jaxpr, "jaxpr"):  # a ClosedJaxpr
+        jaxpr = jaxpr.jaxpr
+    env = dict(zip(jaxpr.invars, in_ids))
+    for v in jaxpr.constvars:
+        env[v] = flat.new(v.aval)
+
+    def get(v):
+        return None if isinstance(v, Literal) else env.get(v)
+
+    for eqn in jaxpr.eqns:
+        ins = [get(v) for v in eqn.invars]
+        body = _body(eqn)
+        if body is not None:
+            outs = flatten(body, ins, flat)
+            for v, o in zip(eqn.outvars, outs):
+                env[v] = o if o is not None else flat.new(v.aval)
+            continue
+        outs = [flat.new(v.aval) for v in eqn.outvars]
+        env.update(zip(eqn.outvars, outs))
+        flat.eqns.append((eqn.primitive.name, [i for i in ins if i is not None], outs))
+    return [get(v) for v in jaxpr.outvars]
+
+
+@dataclasses.dataclass
+class Program:
+    """One traced call: forward operations (the first `n_fwd`), then backward ones, over `flat`'s ids.
+
+    `w`: trainable weights; `c`: inputs not differentiated (non-trainable
+    weights, integer inputs, the model's inputs); `a`: differentiated inputs;
+    `out`: forward outputs; `ct`: their cotangents; `gw`: weight gradients;
+    `ga`: input cotangents. `kdist.planning.buffers.analyse` adds the rest.
+    """
+
+    flat: Flat
+    n_fwd: int
+    w: list
+    c: list
+    a: list
+    out: list
+    ct: list
+    gw: list
+    ga: list
+    name: str = ""
+
+
+def trace_program(fn, trainable, const, diff, remat=False, name=""):
+    """Trace `fn(trainable, diff, const) -> outputs` and its vjp with respect to `trainable` and `diff`.
+
+    With `remat`, `fn` is wrapped in `jax.checkpoint` (what `keras.remat` and
+    `keras.RematScope` do on JAX): only its inputs are saved, and the
+    backward part recomputes the forward.
+    """
+    inner = jax.checkpoint(fn) if remat else fn
+
+    def forward(tw, da, cs):
+        return jax.vjp(lambda t, d: inner(t, d, cs), tw, da)
+
+    closed, (out_shape, pullback_shape) = jax.make_jaxpr(forward, return_shape=True)(trainable, diff, const)
+    n_out = len(jax.tree.leaves(out_shape))
+    saved_shapes, pullback_tree = jax.tree.flatten(pullback_shape)
+
+    def backward(saved, cotangents):
+        return jax.tree.unflatten(pullback_tree, saved)(cotangents)
+
+    def cotangent(s):
+        floating = jnp.issubdtype(s.dtype, jnp.inexact)
+        return jax.ShapeDtypeStruct(s.shape, s.dtype if floating else jax.dtypes.float0)
+
+    backward_closed = jax.make_jaxpr(backward)(saved_shapes, jax.tree.map(cotangent, out_shape))
+    flat = Flat()
+    n_t, n_d = len(jax.tree.leaves(trainable)), len(jax.tree.leaves(diff))
+    in_ids = [flat.new(v.aval) for v in closed.jaxpr.invars]
+    outs = flatten(closed, in_ids, flat)
+    n_fwd = len(flat.eqns)
+    outvars = closed.jaxpr.outvars
+    saved = [o if o is not None else flat.new(v.aval) for o, v in zip(outs[n_out:], outvars[n_out:])]
+    ct = [flat.new(v.aval) for v in backward_closed.jaxpr.invars[len(saved) :]]
+    grads = flatten(backward_closed, saved + ct, flat)
+    grads = [o if o is not None else flat.new(v.aval) for o, v in zip(grads, backward_closed.jaxpr.outvars)]
+    fwd_outs = [o if o is not None else flat.new(v.aval) for o, v in zip(outs[:n_out], outvars[:n_out])]
+    w, a, c = in_ids[:n_t], in_ids[n_t : n_t + n_d], in_ids[n_t + n_d :]
+    return Program(flat, n_fwd, w, c, a, fwd_outs, ct, grads[:n_t], grads[n_t : n_t + n_d], name=name)
+
+
+def trace_layer(op, trainable, non_trainable, leaves, treedef, diff_pos, const_pos, shapes, remat):
+    """The program of one call of layer `op` in training mode.
+
+    `leaves`/`treedef`: the call's arguments, flattened; the leaves at
+    `diff_pos` (float tensors made by other layers) are differentiated, those
+    at `const_pos` are not; `shapes` maps positions to `jax.ShapeDtypeStruct`s.
+    """
+
+    def fn(tw, da, cs):
+        full = list(leaves)
+        nt, consts = cs[: len(non_trainable)], cs[len(non_trainable) :]
+        for i, x in zip(diff_pos, da):
+            full[i] = x
+        for i, x in zip(const_pos, consts):
+            full[i] = x
+        args, kwargs = jax.tree.unflatten(treedef, full)
+        mapping = list(zip(trainable, tw)) + list(zip(non_trainable, nt))
+        with keras.StatelessScope(state_mapping=mapping):
+            return keras.tree.flatten(operation_fn(op, training=True)(*args, **kwargs))
+
+    tw = [jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for v in trainable]
+    cs = [jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for v in non_trainable] + [shapes[i] for i in const_pos]
+    return trace_program(fn, tw, cs, [shapes[i] for i in diff_pos], remat=remat, name=op.name)
+
+
+def trace_loss(y, labels):
+    """The program of Keras's `SparseCategoricalCrossentropy(from_logits=True)` on output `y` and int `labels`."""
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return trace_program(lambda tw, da, cs: loss(cs[0], da[0]), [], [labels], [y], name="loss")

@@ -1,0 +1,37 @@
+"""verify_target="H100": XLA:GPU's figure compiled without a GPU (needs jax's CUDA PJRT plugin; skipped without it)."""
+
+import pytest
+
+import kdist
+from kdist.errors import MissingDependencyError
+from kdist.jax_internals import cuda_plugin_installed
+from kdist.models import mnist_mlp
+
+needs_plugin = pytest.mark.skipif(not cuda_plugin_installed(), reason="jax's CUDA PJRT plugin is not installed")
+
+
+@needs_plugin
+def test_verify_compiles_for_an_h100_without_one():
+    # A batch large enough that cuBLAS's fixed 4 MiB workspaces (not estimated) are small beside the step.
+    result = kdist.plan(mnist_mlp, 2, batch_size=4096, verify=["data=2", "fsdp=2"], verify_target="H100")
+    c = result.candidate("fsdp=2")
+    figures = c.compiled
+    assert figures["backend"] == "gpu" and figures["device_kind"] == "NVIDIA H100 80GB HBM3" and figures["deviceless"]
+    assert figures["peak"] == figures["argument"] + figures["output"] - figures["alias"] + figures["temp"]
+    assert figures["argument"] >= c.weights + c.optimizer
+    assert 0.9 <= c.ratio <= 1.1, (c.peak, figures)
+    assert 0.8 <= result.candidate("data=2").ratio <= 1.2
+    assert not any("CPU proxy" in note for note in result.notes)
+
+
+@pytest.mark.skipif(cuda_plugin_installed(), reason="checks the message given without the plugin")
+def test_without_the_plugin_verify_target_says_what_to_install():
+    with pytest.raises(MissingDependencyError, match=r"pip install \"jax-cuda13-pjrt=="):
+        kdist.plan(mnist_mlp, 2, batch_size=64, verify=["data=2"], verify_target="H100")
+
+
+def test_verify_target_needs_a_known_gpu_and_verify():
+    with pytest.raises(kdist.PlanError, match=r"verify_target='TPU v5p'.*\['H100'\]"):
+        kdist.plan(mnist_mlp, 2, batch_size=64, verify=True, verify_target="TPU v5p")
+    with pytest.raises(kdist.PlanError, match="pass it with verify=True"):
+        kdist.plan(mnist_mlp, 2, batch_size=64, verify_target="H100")

@@ -1,0 +1,132 @@
+"""How the memory model scales: batch, sequence, precision, remat, fused attention, fsdp; targets and margins."""
+
+import keras
+import pytest
+
+import kdist
+from kdist import PlanError
+from kdist.errors import ArgumentError
+from kdist.models import tiny_transformer
+from kdist.planning.targets import DEFAULT_MARGIN, GPU_BAND, resolve_target
+
+LLAMA = dict(
+    vocabulary_size=256, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=64, intermediate_dim=128
+)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    keras_hub = pytest.importorskip("keras_hub")
+    return kdist.abstract_model(keras_hub.models.LlamaBackbone, **LLAMA)
+
+
+def _one(model, batch, seq=None, **options):
+    return kdist.plan(model, 1, batch_size=batch, sequence_length=seq, **options).candidates[0]
+
+
+def test_everything_but_the_state_is_linear_in_the_batch(llama):
+    small, big = _one(llama, 8, 128), _one(llama, 32, 128)
+    assert (small.weights, small.optimizer) == (big.weights, big.optimizer)
+    # Traced once at a prime batch and rescaled: linear, up to where in the step the peak falls.
+    assert big.activations == pytest.approx(4 * small.activations, rel=0.01)
+    assert big.peak - big.weights - big.optimizer == pytest.approx(
+        4 * (small.peak - small.weights - small.optimizer), rel=0.02
+    )
+    assert big.other == 4 * small.other
+
+
+def test_fused_attention_removes_the_sequence_squared_scores(llama):
+    """Doubling the sequence doubles every linear term; what is left over is the (sequence x sequence) part."""
+    materialized = [_one(llama, 4, s, attention="materialized").activations for s in (128, 256)]
+    fused = [_one(llama, 4, s, attention="fused").activations for s in (128, 256)]
+    squared_materialized = materialized[1] - 2 * materialized[0]  # scores and probabilities, heads x S^2 per layer
+    squared_fused = fused[1] - 2 * fused[0]  # only the mask's additive bias, 1 x S^2 per layer (cuDNN reads it)
+    assert squared_materialized > 0.25 * materialized[1]
+    assert 0 <= squared_fused < squared_materialized / 4
+    assert fused[0] < materialized[0]
+
+
+def test_the_gpu_default_attention_follows_the_compute_dtype(llama):
+    assert kdist.plan(llama, 1, batch_size=4, sequence_length=64, target="gpu").attention == "materialized"
+    assert kdist.plan(llama, 1, batch_size=4, sequence_length=64, target="tpu").attention == "fused"
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        keras_hub = pytest.importorskip("keras_hub")
+        half = kdist.abstract_model(keras_hub.models.LlamaBackbone, **LLAMA)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    p = kdist.plan(half, 1, batch_size=4, sequence_length=64, target="gpu")
+    assert p.attention == "fused" and any("attention traced fused" in n for n in p.notes)
+    full = _one(llama, 4, 64, attention="fused")
+    mixed = p.candidates[0]
+    assert mixed.weights == full.weights and mixed.optimizer == full.optimizer  # float32 master weights and Adam
+    assert mixed.activations < 0.75 * full.activations  # bfloat16 activations (norms and the loss stay f32)
+
+
+def test_remat_lowers_the_peak_and_says_what_it_costs(llama):
+    plain = kdist.plan(llama, 1, batch_size=8, sequence_length=256)
+    remat = kdist.plan(llama, 1, batch_size=8, sequence_length=256, remat=True)
+    a, b = plain.candidates[0], remat.candidates[0]
+    assert b.peak < 0.6 * a.peak and b.activations < a.activations / 3
+    assert b.weights == a.weights and b.optimizer == a.optimizer
+    assert remat.remat and any("+33% compute" in n for n in remat.notes)
+
+
+def test_nothing_fits_without_remat_then_the_advice_offers_it(llama):
+    plain = _one(llama, 8, 256)
+    remat = _one(llama, 8, 256, remat=True)
+    budget = (remat.peak + plain.peak) / 2 / (1 - DEFAULT_MARGIN)  # between the two peaks, margin included
+    p = kdist.plan(llama, 1, batch_size=8, sequence_length=256, memory_per_device=int(budget))
+    assert p.recommendation is None and "remat=True" in p.advice and "+33% compute" in p.advice
+    assert p.suggestions["remat"] is True
+    assert kdist.plan(
+        llama, 1, batch_size=8, sequence_length=256, memory_per_device=int(budget), remat=True
+    ).recommendation
+
+
+def test_fsdp_keeps_gathered_weights_and_data_parallel_does_not():
+    model = kdist.abstract_model(tiny_transformer, hidden_dim=256, sequence_length=64)
+    p = kdist.plan(model, 8, batch_size=16)
+    assert p.candidate("data=8").gathered == 0
+    fsdp = p.candidate("fsdp=8")
+    assert fsdp.gathered > fsdp.weights  # whole weights gathered over fsdp, beyond the shards
+    assert fsdp.optimizer < p.candidate("data=8").optimizer / 4
+
+
+def test_targets_and_their_memory():
+    h100 = resolve_target("h100")
+    assert (h100.name, h100.platform, h100.memory) == ("H100", "gpu", 63763906560) and h100.band == GPU_BAND
+    assert resolve_target("NVIDIA H100 80GB HBM3").name == "H100"
+    assert resolve_target("tpu").band is None and resolve_target("cpu").memory is None
+    assert resolve_target(None).name == "gpu"  # this machine has no accelerator: a GPU is planned for
+    with pytest.raises(ArgumentError, match=r"target='abacus' is not a platform or a device kind.*'H100'"):
+        resolve_target("abacus")
+
+
+def test_fits_keeps_the_margin():
+    model = kdist.abstract_model(tiny_transformer)
+    peak = _one(model, 16).peak
+    just_over = kdist.plan(model, 1, batch_size=16, memory_per_device=int(peak * 1.05))
+    assert just_over.candidates[0].fits is False and just_over.recommendation is None
+    assert "10% margin" in just_over.advice
+    roomy = kdist.plan(model, 1, batch_size=16, memory_per_device=int(peak * 1.2))
+    assert roomy.candidates[0].fits and "10% margin" in roomy.reason
+    low, high = roomy.recommendation.band
+    assert low < peak < high
+    assert kdist.plan(model, 1, batch_size=16, memory_per_device=int(peak * 1.05), margin=0).recommendation
+    with pytest.raises(ArgumentError, match=r"margin must be a fraction.*received margin=1\.5"):
+        kdist.plan(model, 1, batch_size=16, margin=1.5)
+    with pytest.raises(
+        PlanError, match=r"attention must be one of 'fused', 'materialized'; received attention='flash'"
+    ):
+        kdist.plan(model, 1, batch_size=16, attention="flash")
+    with pytest.raises(PlanError, match="remat must be True or False"):
+        kdist.plan(model, 1, batch_size=16, remat="yes")
+
+
+def test_a_named_device_kind_brings_its_memory():
+    model = kdist.abstract_model(tiny_transformer)
+    p = kdist.plan(model, 8, batch_size=16, target="H100")
+    assert p.memory_per_device == 63763906560 and "H100" in p.memory_source
+    assert kdist.plan(model, 8, batch_size=16, target="H100", memory_per_device="8GB").memory_per_device == 8 * 10**9
