@@ -3,7 +3,8 @@
 Per file, the Python blocks run in order in one fresh interpreter (like a
 notebook) on 8 fake CPU devices, in a scratch directory holding a stand-in
 user project (`my_project/models.py` with `build_model`, `my_rules.toml`), the
-names the docs use for "your model" and "your rules". Shell blocks run each
+names the docs use for "your model" and "your rules"; a block whose first line
+names a file (`# train.py`) is also written there, for the doc's commands. Shell blocks run each
 `kdist ...` line through `python -m kdist` there; their exit status must be 0,
 or 1 where the command reports a finding (lint errors, no plan), never a
 traceback. `pip` and `python -m venv` lines are the install steps CI itself
@@ -54,6 +55,14 @@ def blocks(path):
     return [(m.group(1), m.group(2)) for m in BLOCK.finditer(path.read_text())]
 
 
+def save_scripts(path, directory):
+    """Write the doc's Python blocks that start with a file name (`# train.py`) there, for its commands to run."""
+    for lang, code in blocks(path):
+        first = code.splitlines()[0] if code else ""
+        if lang == "python" and re.fullmatch(r"# [\w/]+\.py", first):
+            (directory / first[2:]).write_text(code)
+
+
 def _env():
     env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
     env.update({"KDIST_FAKE_DEVICES": "8", "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "COLUMNS": "100"})
@@ -85,6 +94,7 @@ def test_python_blocks_run(path, project):
     code = "\n\n".join(code for lang, code in blocks(path) if lang == "python")
     if not code:
         pytest.skip("no Python block")
+    save_scripts(path, project)
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=project, env=_env(), capture_output=True, text=True, timeout=600
     )
@@ -108,6 +118,7 @@ COMMANDS = [(path, line) for path in DOCS for line in _commands(path)]
 def test_shell_commands_run(path, line, project):
     assert line.startswith("kdist "), f"{path.name}: a shell line the docs test does not know how to run: {line!r}"
     argv = shlex.split(line, comments=True)[1:]
+    save_scripts(path, project)
     env = {k: v for k, v in _env().items() if k != "KDIST_FAKE_DEVICES"}  # each command picks its own devices
     result = subprocess.run(
         [sys.executable, "-m", "kdist", *argv], cwd=project, env=env, capture_output=True, text=True, timeout=600

@@ -9,6 +9,7 @@ checks them against the checksums the marker holds. Each raises
 
 import json
 import os
+import re
 
 import jax
 
@@ -87,13 +88,25 @@ def open_checkpoint(directory):
     return marker, tree
 
 
+_UNNUMBERED = re.compile(r"_\d+(?=/|$)")  # "seed_generator_1/x" -> "seed_generator/x"
+
+
 def match_checkpoint(saved, current, directory, required):
     """Raise CheckpointError unless every model variable of the `required` kinds is saved with its shape and dtype."""
     missing = [k for k in current if k.split("/", 1)[0] in required and k not in saved]
     if missing:
+        unnumbered = {_UNNUMBERED.sub("", k) for k in saved}
+        renumbered = all(_UNNUMBERED.sub("", k) in unnumbered for k in missing)
+        hint = (
+            " The names differ only in Keras's automatic numbering (e.g. 'dense_1' for 'dense'): the model was "
+            "built again in the same process, where Keras counts on from the first one. Call "
+            "keras.backend.clear_session() before building it again, or give its layers names."
+            if renumbered
+            else " Was it saved from the same model (same layer names)?"
+        )
         raise CheckpointError(
             f"Checkpoint {directory!r} has no value for {len(missing)} variable(s) of the model, first: "
-            f"{[k.split('/', 1)[1] for k in missing[:3]]}. Was it saved from the same model (same layer names)?"
+            f"{[k.split('/', 1)[1] for k in missing[:3]]}.{hint}"
         )
     differ = [
         f"{key.split('/', 1)[1]!r}: {tuple(meta.shape)} {meta.dtype} in the checkpoint, "

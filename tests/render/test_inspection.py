@@ -55,8 +55,9 @@ def test_text_fits_80_columns_and_is_grouped_by_layer(report):
     assert "↳ momentum" in lines[d1 + 2] and "slot" in lines[d1 + 2]
     assert "Memory per device (mesh data=2, model=4)" in text and "cpu:7" in text
     assert "imbalance (max/mean) 1.00" in text
-    # long texts go to the notes: the fallback reason of d2/kernel
-    assert "R1 fb N1" in text and "N1 layout (None, 'model'): dim 1 (10) not divisible by model=4" in text
+    # long texts go to the notes: the fallback reason of d2/kernel, the kernel a bias follows
+    assert "R1 fb N2" in text and "N2 layout (None, 'model'): dim 1 (10) not divisible by model=4" in text
+    assert "R2 N1" in text and "N1 follows mlp/d1/kernel (None, 'model')" in text
     wide = report_text(report, width=120)  # full paths when they all fit
     assert "  mlp/d1/kernel " in wide and "  seed_generator/seed_generator_state " in wide
 

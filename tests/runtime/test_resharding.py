@@ -167,10 +167,11 @@ def test_dry_run_lists_the_moves_and_moves_nothing(data):
 
     assert keras.distribution.distribution() is current
     assert all(v.value is values[key] for key, v in state(model).items())
-    kernels = {"mlp/d1/kernel", "mlp/d2/kernel"}
-    slots = {f"adam/mlp_{k}_kernel_{s}" for k in ("d1", "d2") for s in ("momentum", "velocity")}
-    assert {v.path for v in plan.moved} == kernels | slots
-    assert plan.dry_run and plan.count == 6 and same.count == 6 and same.bytes == plan.bytes
+    # the kernels are split on their outputs, so their biases follow them (and every slot its weight)
+    weights = {f"mlp/{layer}/{kind}" for layer in ("d1", "d2") for kind in ("kernel", "bias")}
+    slots = {f"adam/{w.replace('/', '_')}_{s}" for w in weights for s in ("momentum", "velocity")}
+    assert {v.path for v in plan.moved} == weights | slots
+    assert plan.dry_run and plan.count == 12 and same.count == 12 and same.bytes == plan.bytes
     kernel = next(v for v in plan.variables if v.path == "mlp/d1/kernel")
     assert (kernel.source, kernel.target) == ((None, "model"), (None, "model"))  # same names...
     assert (kernel.source_pieces, kernel.target_pieces) == ((1, 8), (1, 1))  # ...other meshes
@@ -184,7 +185,7 @@ def test_dry_run_lists_the_moves_and_moves_nothing(data):
 def test_narrowing_a_replicated_array_receives_no_bytes(data):
     model = trained("8x1", data)
     plan = kdist.plan_reshape(model, "1x8")
-    assert plan.count == 6  # the kernels and their slots are re-sliced...
+    assert plan.count == 12  # the kernels, biases and their slots are re-sliced...
     assert plan.bytes == 0  # ...but every device already holds its new shard.
 
 
@@ -261,5 +262,5 @@ def test_result_prints_with_rich(data):
     console = rich.console.Console(file=io.StringIO(), width=200)
     console.print(kdist.plan_reshape(model, "2x4"))
     text = console.file.getvalue()
-    assert "would move 6 of" in text and "mlp/d1/kernel" in text and "cpu:7" in text
-    assert kdist.plan_reshape(model, "2x4").to_dict()["count"] == 6
+    assert "would move 12 of" in text and "mlp/d1/kernel" in text and "cpu:7" in text
+    assert kdist.plan_reshape(model, "2x4").to_dict()["count"] == 12

@@ -35,6 +35,24 @@ def register(commands, common):
     parser.add_argument("--latency", type=float, default=10e-6, help="seconds per collective step (default 1e-5)")
     parser.add_argument("--rules", help='rule set name or rules file (default: kdist\'s rules, "auto")')
     parser.add_argument(
+        "--target",
+        help='accelerator to plan for: "gpu", "tpu", "cpu" or a kind such as "H100" (default: the local one, else gpu)',
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("fused", "materialized"),
+        help="attention as the target runs it (default: Keras's choice there)",
+    )
+    parser.add_argument(
+        "--remat", action="store_true", help="rematerialise every layer: less memory, about +33%% compute"
+    )
+    parser.add_argument("--margin", type=float, default=0.1, help="share of device memory kept free (default 0.1)")
+    parser.add_argument(
+        "--verify-target",
+        metavar="KIND",
+        help='with --verify: compile for this GPU kind without one ("H100"; needs jax-cuda13-pjrt)',
+    )
+    parser.add_argument(
         "--verify",
         action="store_true",
         help="compile each mesh's training step on fake devices (as many as --devices, unless --fake-devices says)",
@@ -66,6 +84,11 @@ def run(args):
         rules=args.rules,
         verify=args.verify,
         progress=not args.json,
+        target=args.target,
+        attention=args.attention,
+        remat=args.remat,
+        margin=args.margin,
+        verify_target=args.verify_target,
     )
     if args.json:
         print(result.to_json())
