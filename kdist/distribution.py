@@ -5,7 +5,7 @@ import keras
 from keras.distribution import DeviceMesh, LayoutMap, ModelParallel, TensorLayout
 
 from kdist.errors import ArgumentTypeError, BatchSizeError
-from kdist.keras_internals import check_batches_with, own_layout
+from kdist.keras_internals import check_batches_with, commit_arrays_to, own_layout
 from kdist.meshes.spec import ParallelDims
 from kdist.rules.placement import Placement
 from kdist.rules.placer import FSDP_MIN_SIZE
@@ -72,6 +72,7 @@ class ShardedDistribution(ModelParallel):
             auto_shard_dataset=auto_shard_dataset,
         )
         check_batches_with(_check_current_batch)
+        commit_arrays_to(MultiAxisLayout)  # else, on one device, jit compiles Keras's steps again (see there)
 
     @property
     def rules(self):
@@ -154,7 +155,7 @@ class ShardedDistribution(ModelParallel):
             return layout
         placement = self.place(variable.path, variable.shape)
         self.placements[variable.path] = placement
-        return TensorLayout(placement.axes, self.device_mesh)
+        return MultiAxisLayout(placement.axes, self.device_mesh)
 
     def get_tensor_layout(self, path):
         axes = self.placer.activation(path)
@@ -169,7 +170,10 @@ class ShardedDistribution(ModelParallel):
 
 
 class MultiAxisLayout(TensorLayout):
-    """A TensorLayout whose dimensions may be split over several mesh axes (a tuple of names)."""
+    """A TensorLayout whose dimensions may be split over several mesh axes (a tuple of names).
+
+    Every layout kdist gives; arrays laid out on it are committed to it (`keras_internals.commit_arrays_to`).
+    """
 
     def _validate_axes(self):
         if self._device_mesh:

@@ -65,13 +65,20 @@ def memory_limit(device):
     return stats.get("bytes_limit")
 
 
+KERAS_STEPS = ("train_step", "test_step", "predict_step")  # the names of the functions Keras's trainer jits
+
+
 @contextlib.contextmanager
-def count_compiles():
-    """Count XLA backend compilations inside the block: `with count_compiles() as count: ...; count[0]`."""
+def count_compiles(functions=None):
+    """Count XLA compilations inside the block: `with count_compiles() as count: ...; count[0]`.
+
+    With `functions` (names, e.g. `KERAS_STEPS`), only compilations of
+    functions whose name contains one of them count.
+    """
     count = [0]
 
-    def listener(event, duration, **kwargs):
-        if event == _COMPILE_EVENT:
+    def listener(event, duration, fun_name="", **kwargs):
+        if event == _COMPILE_EVENT and (functions is None or any(name in str(fun_name) for name in functions)):
             count[0] += 1
 
     monitoring.register_event_duration_secs_listener(listener)

@@ -240,6 +240,45 @@ def attention_decision(keras_attention, fused, platform):
             setattr(owner, name, value)
 
 
+# --- Variable arrays ------------------------------------------------------------------------------
+
+
+def commit_arrays_to(layout_type):
+    """Commit every uncommitted array Keras lays out on a `layout_type` layout to that layout.
+
+    Keras's `backend.jax.distribution_lib.distribute_tensor`, which every
+    variable value goes through (initial values, `assign`, metrics'
+    `reset_state`), keeps an array whose sharding is equivalent to the
+    layout; on a one-device mesh every array of that device is, committed or
+    not. jit keys its caches on committedness (an uncommitted argument has
+    no sharding, a committed one its own), and under a distribution Keras's
+    train/test/predict steps return committed arrays (their out_shardings).
+    So state Keras makes uncommitted (initializers, `reset_metrics`' zeros,
+    numpy values from `load_weights` or a checkpoint) beside state a step
+    returned makes jit trace and compile the step again. This wraps
+    `distribute_tensor` so that such arrays are committed to the layout (same
+    device: no copy); once. On a mesh of several devices nothing changes:
+    an uncommitted array is never equivalent to such a layout, and Keras
+    puts it on the layout itself. Checked against keras 3.15.1 and jax 0.10.2.
+    """
+    original = jax_distribution_lib.distribute_tensor
+    if getattr(original, "_kdist_commit", None) is not None:
+        return
+
+    def distribute_tensor(tensor, layout):
+        if (
+            isinstance(layout, layout_type)
+            and isinstance(tensor, jax.Array)
+            and not isinstance(tensor, jax.core.Tracer)
+            and not tensor.committed
+        ):
+            return jax.device_put(tensor, layout.backend_layout)
+        return original(tensor, layout)
+
+    distribute_tensor._kdist_commit = layout_type
+    jax_distribution_lib.distribute_tensor = distribute_tensor
+
+
 # --- Input batches --------------------------------------------------------------------------------
 
 

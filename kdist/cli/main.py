@@ -59,11 +59,26 @@ def main(argv=None):
 
 
 def choose_devices(args):
-    """Give JAX the fake devices asked for (--fake-devices), else the command's default without accelerators."""
+    """Give JAX the fake CPU devices asked for (--fake-devices), else the command's default where it applies.
+
+    A command's default (`default_fake_devices`) applies where no accelerator
+    is installed; with one, the command runs on the accelerators, unless it
+    only lays variables out (`abstract`): then it takes the fake CPU devices
+    anyway, since nothing runs on them, and says so in one line.
+    """
     n = getattr(args, "fake_devices", None)
-    if n is None and not os.environ.get(ENV_VAR) and not has_accelerator_plugin():
+    if n is None and not os.environ.get(ENV_VAR):
         default = getattr(args, "default_fake_devices", None)
         n = default(args) if callable(default) else default
+        if n and has_accelerator_plugin():
+            if getattr(args, "abstract", False):
+                print(
+                    f"kdist {args.command}: on {n} fake CPU devices, as nothing runs on them "
+                    "(--fake-devices 0 for this machine's accelerators)",
+                    file=sys.stderr,
+                )
+            else:
+                n = None
     if n:
         fake_devices(n)
 

@@ -10,6 +10,7 @@ to it with `ParallelDims.from_device_mesh`.
 """
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -188,7 +189,8 @@ class ParallelDims:
 
     # --- Axes -------------------------------------------------------------------------------------
 
-    @property
+    # The axes' derived views are cached: Keras asks for the batch axes on every step's input.
+    @functools.cached_property
     def roles(self):
         return self.roles_of(self.axes)
 
@@ -196,7 +198,7 @@ class ParallelDims:
     def shape(self):
         return tuple(size for _, size in self.axes)
 
-    @property
+    @functools.cached_property
     def names(self):
         """Mesh axis names, in order: `axis_names`, or the roles."""
         return self.axis_names or tuple(r or f"axis{i}" for i, r in enumerate(self.roles))
@@ -247,12 +249,12 @@ class ParallelDims:
     def expert_enabled(self):
         return self.size_of(Role.EXPERT) > 1
 
-    @property
+    @functools.cached_property
     def batch_axes(self):
         """Names of the axes the batch is split over (data, then fsdp, in mesh order)."""
         return tuple(n for n, r in zip(self.names, self.roles) if r in BATCH_ROLES)
 
-    @property
+    @functools.cached_property
     def num_batch_shards(self):
         """Into how many pieces the batch is split."""
         return math.prod(self.axis_sizes[n] for n in self.batch_axes)

@@ -12,9 +12,10 @@ import os
 import re
 
 import jax
+import numpy as np
 
 from kdist.errors import CheckpointError, MissingDependencyError
-from kdist.keras_internals import array_of
+from kdist.keras_internals import array_of, own_layout
 from kdist.runtime.checksums import checksums
 from kdist.runtime.restore import first_line
 
@@ -129,6 +130,10 @@ def read_arrays(directory, tree, current, marker):
         if key not in current:
             return ocp.PLACEHOLDER
         value = array_of(current[key])
+        if own_layout(current[key]) is None and not value.committed:
+            # No distribution: Keras keeps the array uncommitted. Read it to host and put it back uncommitted
+            # (below): a committed array beside uncommitted ones makes jit compile the train/test steps again.
+            return np.broadcast_to(np.zeros((), value.dtype), tuple(value.shape))
         return jax.ShapeDtypeStruct(tuple(value.shape), value.dtype, sharding=value.sharding)
 
     # The abstract tree must keep the saved structure, empty groups included.
@@ -138,6 +143,7 @@ def read_arrays(directory, tree, current, marker):
     except Exception as e:
         raise CheckpointError(f"Checkpoint {directory!r} is unreadable: {first_line(e)}") from e
     loaded = {k: v for k, v in flatten(loaded).items() if k in current}
+    loaded = {k: v if isinstance(v, jax.Array) else jax.numpy.asarray(v) for k, v in loaded.items()}  # uncommitted
     if marker is not None:
         sums = checksums(loaded)
         bad = [k for k, s in sums.items() if list(s) != list(marker["variables"][k]["checksum"])]

@@ -38,7 +38,7 @@ def register(commands, common):
     parser.add_argument("--grid", metavar="PATH", help="also draw which slice of variable PATH each device holds")
     parser.add_argument("--rows", metavar="AXES", help="mesh axes (comma-separated) drawn as grid rows")
     parser.add_argument("--cols", metavar="AXES", help="mesh axes (comma-separated) drawn as grid columns")
-    parser.set_defaults(run=run, default_fake_devices=lambda args: devices_for(args.mesh))
+    parser.set_defaults(run=run, default_fake_devices=lambda args: devices_for(args.mesh), abstract=True)
 
 
 def run(args):

@@ -37,7 +37,7 @@ def register(commands, common):
         "--fail-on", choices=("error", "warning"), default="error", help="lowest severity that fails (default error)"
     )
     # An 8-device default as in `kdist demo`: specs with -1 ("data=-1,model=2") resolve against it.
-    parser.set_defaults(run=run, default_fake_devices=8)
+    parser.set_defaults(run=run, default_fake_devices=8, abstract=True)
 
 
 def run(args):
