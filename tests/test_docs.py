@@ -125,3 +125,12 @@ def test_shell_commands_run(path, line, project):
     )
     assert result.returncode in (0, 1), f"{line}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+PATH_MENTION = re.compile(r"`((?:tests|benchmarks|kdist|docs|notebooks)/[\w./-]*)`")
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_file_the_docs_name_exists(path):
+    missing = [name for name in PATH_MENTION.findall(path.read_text()) if not (ROOT / name).exists()]
+    assert not missing, f"{path.name} names files that do not exist: {missing}"
