@@ -24,11 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from kdist.machine import machine_info
-
-os.environ.setdefault("KERAS_BACKEND", "jax")
-os.environ.setdefault("KDIST_FAKE_DEVICES", "8")
+os.environ.setdefault("KDIST_FAKE_DEVICES", "8")  # before kdist starts jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kdist.machine import machine_info  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "rules_coverage.json"
