@@ -24,36 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kdist  # noqa: E402
 from kdist.machine import machine_info  # noqa: E402
 from kdist.units import human_bytes  # noqa: E402
-from kdist.zoo import hub_backbone, keras_hub  # noqa: E402
+from kdist.zoo import PUBLISHED, hub_backbone, keras_hub  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "keras_hub_maps.json"
 DOCS = ROOT / "docs" / "rules.md"
 MODELS = {
-    "Gemma 2B (1 kv head)": (
-        "GemmaBackbone",
-        dict(
-            vocabulary_size=256000,
-            num_layers=18,
-            num_query_heads=8,
-            num_key_value_heads=1,
-            hidden_dim=2048,
-            intermediate_dim=32768,
-            head_dim=256,
-        ),
-    ),
-    "Gemma 7B": (
-        "GemmaBackbone",
-        dict(
-            vocabulary_size=256000,
-            num_layers=28,
-            num_query_heads=16,
-            num_key_value_heads=16,
-            hidden_dim=3072,
-            intermediate_dim=49152,
-            head_dim=256,
-        ),
-    ),
+    "Gemma 2B (1 kv head)": PUBLISHED["gemma-2b"][:2],
+    "Gemma 7B": PUBLISHED["gemma-7b"][:2],
     "Llama 3 8B": (
         "Llama3Backbone",
         dict(
@@ -77,21 +55,7 @@ MODELS = {
             tie_word_embeddings=False,
         ),
     ),
-    "Qwen3 30B-A3B (MoE)": (
-        "Qwen3MoeBackbone",
-        dict(
-            vocabulary_size=151936,
-            num_layers=48,
-            num_query_heads=32,
-            num_key_value_heads=4,
-            head_dim=128,
-            hidden_dim=2048,
-            intermediate_dim=6144,
-            moe_intermediate_dim=768,
-            num_experts=128,
-            top_k=8,
-        ),
-    ),
+    "Qwen3 30B-A3B (MoE)": PUBLISHED["qwen3-moe-30b"][:2],
 }
 MESHES = {"(2, 4)": ((2, 4), ("2x4", "fsdp=2,model=4")), "(1, 8)": ((1, 8), ("1x8",))}
 

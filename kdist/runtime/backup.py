@@ -33,7 +33,14 @@ from kdist.checks import is_int
 from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, ModelError
 from kdist.keras_internals import print_msg
 from kdist.runtime.checkpoint_reading import flat_variables, flatten, match_checkpoint, open_checkpoint, read_arrays
-from kdist.runtime.checkpoints import barrier, build_optimizer, check_path, require_model, write_checkpoint
+from kdist.runtime.checkpoints import (
+    barrier,
+    build_optimizer,
+    check_path,
+    move_into_place,
+    require_model,
+    write_checkpoint,
+)
 from kdist.runtime.restore import assign_all
 
 LATEST = "kdist_backup_latest"
@@ -215,15 +222,9 @@ def save_backup(model, backup_dir, *, epoch=0, batches_done=0, keep_previous=Fal
         write_text(os.path.join(backup_dir, CREATED), "kdist.BackupAndRestore created this directory.\n")
     meta = {"epoch": int(epoch), "batches_done": int(batches_done)}
     write_checkpoint(model, os.path.join(backup_dir, INCOMING), extra={"backup": meta})
-    failed = None
-    if jax.process_index() == 0:
-        try:
-            _rotate(backup_dir, keep_previous)
-        except OSError as e:
-            failed = e
-    barrier("kdist_backup_saved")  # before raising: the other processes wait here
-    if failed is not None:
-        raise CheckpointError(f"Cannot move the new backup into place in {backup_dir}: {failed}.") from failed
+    move_into_place(
+        lambda: _rotate(backup_dir, keep_previous), "kdist_backup_saved", f"the new backup into place in {backup_dir}"
+    )
     return meta
 
 

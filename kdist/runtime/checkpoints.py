@@ -88,15 +88,9 @@ def save_sharded(model, path, *, overwrite=False):
     _check_target(path, overwrite)
     staging = sibling(path, "kdist-staging")
     write_checkpoint(model, staging)
-    failed = None
-    if jax.process_index() == 0:
-        try:
-            replace_directory(staging, path)
-        except OSError as e:
-            failed = e
-    barrier("kdist_save_sharded")  # before raising: the other processes wait here
-    if failed is not None:
-        raise CheckpointError(f"Cannot move the new checkpoint into place at {path!r}: {failed}.") from failed
+    move_into_place(
+        lambda: replace_directory(staging, path), "kdist_save_sharded", f"the new checkpoint into place at {path!r}"
+    )
 
 
 def load_sharded(model, path):
@@ -258,6 +252,22 @@ def barrier(name):
     """Wait until every process of a multi-process run gets here (nothing to do in one process)."""
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
+
+
+def move_into_place(move, barrier_name, what):
+    """Run `move` (renames) on process 0, then meet the other processes; raise CheckpointError if it failed.
+
+    Every process passes the barrier before process 0 raises, so no process waits there for ever.
+    """
+    failed = None
+    if jax.process_index() == 0:
+        try:
+            move()
+        except OSError as e:
+            failed = e
+    barrier(barrier_name)
+    if failed is not None:
+        raise CheckpointError(f"Cannot move {what}: {failed}.") from failed
 
 
 def _nest(flat):

@@ -50,16 +50,19 @@ def test_default_fake_device_counts_follow_the_arguments():
     assert default("sweep", "mlp", "--devices", "4") == 4
 
 
-def test_demo_on_a_machine_with_one_accelerator_fits_its_mesh_to_the_devices():
-    # As on a one-GPU machine: an accelerator plugin is installed, so no fake devices are made, and JAX has 1 device.
+def _kdist_beside_an_accelerator(*args):
+    """Run `kdist ARGS` as on a one-GPU machine: an accelerator plugin is installed (simulated), JAX has 1 device."""
     code = (
         "import importlib, sys; cli = importlib.import_module('kdist.cli.main'); "
-        "cli.has_accelerator_plugin = lambda: True; "
-        "sys.exit(cli.main(['demo', '--steps', '2']))"
+        f"cli.has_accelerator_plugin = lambda: True; sys.exit(cli.main({list(args)!r}))"
     )
     env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
     env["COLUMNS"] = "120"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_demo_on_a_machine_with_one_accelerator_fits_its_mesh_to_the_devices():
+    result = _kdist_beside_an_accelerator("demo", "--steps", "2")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "devices: 1 cpu device (the machine's CPU" in out
@@ -68,13 +71,7 @@ def test_demo_on_a_machine_with_one_accelerator_fits_its_mesh_to_the_devices():
 
 
 def test_commands_that_only_lay_out_take_fake_devices_beside_an_accelerator():
-    code = (
-        "import importlib, sys; cli = importlib.import_module('kdist.cli.main'); "
-        "cli.has_accelerator_plugin = lambda: True; "
-        "sys.exit(cli.main(['inspect', 'mlp', '--mesh', '2x4']))"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    result = _kdist_beside_an_accelerator("inspect", "mlp", "--mesh", "2x4")
     assert result.returncode == 0, result.stderr
     assert "kdist inspect: on 8 fake CPU devices, as nothing runs on them" in result.stderr
     assert "mlp/d1/kernel" in result.stdout
