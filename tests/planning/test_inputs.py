@@ -1,0 +1,52 @@
+"""Bad input to kdist.plan and preset("auto"): a kdist error naming the argument, the value and what would do."""
+
+import pytest
+
+import kdist
+from kdist.errors import ArgumentError, ArgumentTypeError, ModelError, PlanError, RuleError, SizeError
+from kdist.models import mnist_mlp
+from tests.helpers import raises_clearly
+
+MODEL = kdist.abstract_model(mnist_mlp)
+
+
+def plan(model=MODEL, devices=8, **options):
+    """kdist.plan of the MLP on 8 devices with a batch of 8, but for `options`."""
+    return lambda: kdist.plan(model, devices, **{"batch_size": 8, **options})
+
+
+CASES = [
+    (plan(model="mlp"), ModelError, "needs a Keras model", "received str"),
+    (plan(devices=0), PlanError, "devices must be a positive integer; received 0"),
+    (plan(devices="8"), PlanError, "devices must be a positive integer; received '8'"),
+    (plan(devices=10**9), PlanError, "devices=1000000000", "typo"),
+    (plan(batch_size=-1), PlanError, "batch_size must be a positive integer; received -1"),
+    (plan(batch_size=8.5), PlanError, "batch_size", "8.5"),
+    (plan(sequence_length=0), PlanError, "sequence_length must be a positive integer; received 0"),
+    (plan(optimizer="adamz"), ArgumentError, "Unknown optimizer 'adamz'", "adamw"),
+    (plan(optimizer=3), ArgumentTypeError, "optimizer must be a name", "received int"),
+    (plan(dtype="float7"), ArgumentError, "dtype must be a floating-point dtype", "'float7'"),
+    (plan(memory_per_device="eighty"), SizeError, "memory_per_device='eighty' is not a size", '"80GB"'),
+    (plan(memory_per_device=-5), SizeError, "memory_per_device=-5 must be a positive size"),
+    (plan(bandwidth="fast"), SizeError, "bandwidth='fast' is not a size"),
+    (plan(latency=-1), PlanError, "latency must be a number >= 0", "latency=-1"),
+    (plan(rules="nosuchfamily"), RuleError, "Unknown rule set 'nosuchfamily'", "llama"),
+    (plan(rules=3), ArgumentTypeError, "rules must be", "received int"),
+    (plan(verify="yes"), PlanError, "verify must be True, False or a list of candidate specs", "'yes'"),
+    (plan(target="H900"), ArgumentError, "target='H900'", "'H100'"),
+    (plan(target=3), ArgumentError, "target must be", "target=3"),
+    (plan(attention="fastest"), PlanError, "attention must be one of 'fused', 'materialized'", "'fastest'"),
+    (plan(remat="yes"), PlanError, "remat must be True or False", "'yes'"),
+    (plan(margin=2), ArgumentError, "margin must be a fraction of the memory in [0, 1)", "margin=2"),
+    (plan(margin="10%"), ArgumentError, "margin must be a fraction", "'10%'"),
+    (plan(verify_target="H100"), PlanError, "verify_target='H100'", "verify=True"),
+    (lambda: plan(memory_per_device="1KB")().preset(), PlanError, "no recommendation", "No candidate fits 1000 B"),
+    (lambda: kdist.preset("auto"), kdist.SpecError, "needs the model and the batch size", "batch_size=64"),
+    (lambda: kdist.preset("auto", model=MODEL, batch_size=0), PlanError, "batch_size", "received 0"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{i}" for i in range(len(CASES))])
+def test_bad_input_is_refused_clearly(case):
+    call, error, *words = case
+    raises_clearly(call, error, *words)
