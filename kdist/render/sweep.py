@@ -73,11 +73,6 @@ def sweep_table(result, width=None):
         "- alias + temp) and weights + optimizer state (kdist.inspect). loss: the last step's. vs bare: "
         "median step time against the same compiled step timed in a bare loop."
         + ("" if has_estimate else " estimate: not requested.")
-        + (
-            " estimate: kdist.plan's peak for its default target (a GPU), beside XLA:CPU's compiled figure, a proxy"
-            " that runs 1.5-2x a GPU's for transformers."
-            if has_estimate and result.machine["platform"] == "cpu"
-            else ""
-        )
+        + (f" {result.estimate_caption}" if has_estimate and result.estimate_caption else "")
     )
     return t

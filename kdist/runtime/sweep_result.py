@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 
 from kdist.jax_internals import MEMORY_FIELDS
+from kdist.planning.targets import CPU_PROXY_RATIO
 from kdist.render.plot import sweep_plot
 from kdist.render.sweep import sweep_renderables
 from kdist.reporting import Report
@@ -142,6 +143,17 @@ class SweepResult(Report):
             f"{m['device_count']} CPU devices sharing {m['cpu_count']} CPU cores "
             f"({'fake devices' if m['fake_devices'] else 'host CPU'}): step times say nothing "
             "about accelerators. Compare losses and memory; time a real run on the target hardware."
+        )
+
+    @property
+    def estimate_caption(self):
+        """What the estimate column stands beside on CPU devices ("" elsewhere)."""
+        if self.machine["platform"] != "cpu":
+            return ""
+        low, high = CPU_PROXY_RATIO["transformers"]
+        return (
+            "estimate: kdist.plan's peak for its default target (a GPU), beside XLA:CPU's compiled figure, a proxy "
+            f"that ran {low:.1f}-{high:.1f}x the H100's for transformers."
         )
 
     def to_dict(self):

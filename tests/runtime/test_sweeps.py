@@ -138,6 +138,8 @@ def test_estimate_comes_from_the_planner_by_default(result):
         axes = {k: v for k, v in r.axes.items() if v > 1}
         expected = next(c for c in plan.candidates if c.axes == axes).peak
         assert r.estimate_note == "planner estimate" and r.estimate_bytes == expected
+    # on fake CPU devices the caption says what the estimate stands beside
+    assert "beside XLA:CPU's compiled figure, a proxy that ran 1.5-2.0x the H100's" in result.estimate_caption
 
 
 def test_estimate_can_be_turned_off():

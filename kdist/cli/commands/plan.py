@@ -6,6 +6,7 @@ from rich.console import Console
 from kdist.cli.commands._shared import positive
 from kdist.errors import PlanError
 from kdist.planning.planner import plan
+from kdist.planning.targets import DEFAULT_MARGIN
 from kdist.units import parse_size
 from kdist.zoo import MODEL_HELP, load_model, model_builder
 
@@ -46,7 +47,12 @@ def register(commands, common):
     parser.add_argument(
         "--remat", action="store_true", help="rematerialise every layer: less memory, about +33%% compute"
     )
-    parser.add_argument("--margin", type=float, default=0.1, help="share of device memory kept free (default 0.1)")
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help=f"share of device memory kept free (default {DEFAULT_MARGIN})",
+    )
     parser.add_argument(
         "--verify-target",
         metavar="KIND",
