@@ -16,6 +16,7 @@ Writes benchmarks/results/compile_count.json (with the machine it ran on).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -46,7 +47,7 @@ def build(distribution):
     import kdist
 
     keras.utils.set_random_seed(0)
-    scope = distribution.scope() if distribution is not None else _nothing()
+    scope = distribution.scope() if distribution is not None else contextlib.nullcontext()
     with scope:
         model = kdist.models.tiny_transformer()
         model.compile(
@@ -55,14 +56,6 @@ def build(distribution):
             metrics=["accuracy"],
         )
     return model
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def distribution_named(name, devices):
@@ -107,7 +100,7 @@ def child_first_steps(name):
     x, y = data()
     model = build(distribution)
     rows = []
-    scope = distribution.scope() if distribution is not None else _nothing()
+    scope = distribution.scope() if distribution is not None else contextlib.nullcontext()
     with scope:
         for op in OPS:
             start = time.perf_counter()
