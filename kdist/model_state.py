@@ -1,14 +1,13 @@
 """A model's state: every variable a training step reads or writes, each once, with its kind.
 
-The one listing that the inspector, `reshard`, checkpoints, backups and
-sweeps use, so all of them agree on what "the state" is.
+The listing that the inspector, `reshard` and sweeps use, so they agree on
+what "the state" is. Checkpoints and backups key the state by the groups of
+Keras's `get_state_tree` instead (`runtime.checkpoint_reading.flat_variables`).
 """
-
-import collections
 
 import keras
 
-from kdist.errors import CheckpointError, ModelError
+from kdist.errors import ModelError
 
 KINDS = ("trainable", "non_trainable", "optimizer", "metric")
 
@@ -50,14 +49,3 @@ def state_variables(model, kinds=KINDS):
     if "non_trainable" in kinds:  # variables of layers outside the groups above (e.g. seed generators)
         out += [(v, "non_trainable") for v in model.variables if id(v) not in seen and not seen.add(id(v))]
     return out
-
-
-def check_unique_paths(entries, error=CheckpointError):
-    """Raise `error` when two variables share a path: a checkpoint could not tell them apart."""
-    counts = collections.Counter(v.path for v, _ in entries)
-    twice = sorted(p for p, n in counts.items() if n > 1)
-    if twice:
-        raise error(
-            f"Variables share the paths {twice[:5]}; give their layers distinct names so a checkpoint can tell them "
-            "apart."
-        )
