@@ -22,16 +22,9 @@ import time
 from pathlib import Path
 
 from kdist.machine import machine_info
+from kdist.zoo import PUBLISHED
 
-LLAMA3_70B = dict(
-    vocabulary_size=128256,
-    num_layers=80,
-    hidden_dim=8192,
-    num_query_heads=64,
-    num_key_value_heads=8,
-    intermediate_dim=28672,
-    dtype="bfloat16",
-)
+LLAMA3_70B = dict(PUBLISHED["llama3-70b"][1], dtype="bfloat16")
 CASES = {
     # name: (model, mesh, fake devices, optimizer)
     "llama3-70b 2x4": ("llama3-70b", "2x4", 8, None),

@@ -25,34 +25,10 @@ import tracemalloc
 from pathlib import Path
 
 from kdist.machine import machine_info
+from kdist.zoo import PUBLISHED
 
-# Published Llama 3 / 3.1 configurations.
-CONFIGS = {
-    "llama3-8b": dict(
-        vocabulary_size=128256,
-        num_layers=32,
-        hidden_dim=4096,
-        num_query_heads=32,
-        num_key_value_heads=8,
-        intermediate_dim=14336,
-    ),
-    "llama3-70b": dict(
-        vocabulary_size=128256,
-        num_layers=80,
-        hidden_dim=8192,
-        num_query_heads=64,
-        num_key_value_heads=8,
-        intermediate_dim=28672,
-    ),
-    "llama3-405b": dict(
-        vocabulary_size=128256,
-        num_layers=126,
-        hidden_dim=16384,
-        num_query_heads=128,
-        num_key_value_heads=8,
-        intermediate_dim=53248,
-    ),
-}
+# Published Llama 3 / 3.1 configurations, as kdist's zoo holds them.
+CONFIGS = {name: PUBLISHED[name][1] for name in ("llama3-8b", "llama3-70b", "llama3-405b")}
 MESHES = ("2x4", "8x16")
 RESULTS = Path(__file__).parent / "results" / "lint_llama.json"
 

@@ -22,17 +22,11 @@ import time
 from pathlib import Path
 
 from kdist.machine import machine_info
+from kdist.zoo import PUBLISHED
 
 BATCH, SEQUENCE = 64, 8192  # half a million tokens per step
 MEMORY = "80GB"
-CONFIG = dict(
-    vocabulary_size=128256,
-    num_layers=126,
-    hidden_dim=16384,
-    num_query_heads=128,
-    num_key_value_heads=8,
-    intermediate_dim=53248,
-)
+CONFIG = PUBLISHED["llama3-405b"][1]
 
 
 def build():
