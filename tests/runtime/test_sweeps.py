@@ -116,18 +116,17 @@ def test_batch_spec_and_build_failures_are_rows():
     assert ruled.failure_stage == "build" and ruled.failure.startswith("RuleError: Rule '.*/kernel' uses axis 'heads'")
 
 
-def test_estimate_column_and_memory_limit():
+def dp_row(**options):
+    """The one row of a sweep of the tiny model on "dp" over 8 examples in one batch, with `options`."""
     x, y = tiny_data(8)
-    row = sweep(
-        tiny_model,
-        (x, y),
-        ["dp"],
-        batch_size=8,
-        loss="sparse_categorical_crossentropy",
-        progress=False,
-        device_memory=1000,
-        estimate=lambda model, distribution: 1234,
+    options = {"steps": 1, "warmup": 0, "direct_check": False, **options}
+    return sweep(
+        tiny_model, (x, y), ["dp"], batch_size=8, loss="sparse_categorical_crossentropy", progress=False, **options
     ).rows[0]
+
+
+def test_estimate_column_and_memory_limit():
+    row = dp_row(device_memory=1000, estimate=lambda model, distribution: 1234)
     assert row.estimate_bytes == 1234 and row.estimate_note == "planner estimate"
     assert row.failure_stage == "memory" and "does not fit" in row.failure and "1000 B" in row.failure
 
@@ -143,19 +142,7 @@ def test_estimate_comes_from_the_planner_by_default(result):
 
 
 def test_estimate_can_be_turned_off():
-    x, y = tiny_data(8)
-    row = sweep(
-        tiny_model,
-        (x, y),
-        ["dp"],
-        steps=1,
-        warmup=0,
-        batch_size=8,
-        loss="sparse_categorical_crossentropy",
-        estimate=None,
-        direct_check=False,
-        progress=False,
-    ).rows[0]
+    row = dp_row(estimate=None)
     assert row.estimate_bytes is None and row.estimate_note == NO_ESTIMATE
 
 
@@ -163,19 +150,7 @@ def test_a_failing_estimate_is_a_note_not_a_failed_shape():
     def broken(model, distribution):
         raise LookupError("no such mesh")
 
-    x, y = tiny_data(8)
-    row = sweep(
-        tiny_model,
-        (x, y),
-        ["dp"],
-        steps=1,
-        warmup=0,
-        batch_size=8,
-        loss="sparse_categorical_crossentropy",
-        estimate=broken,
-        direct_check=False,
-        progress=False,
-    ).rows[0]
+    row = dp_row(estimate=broken)
     assert row.ok and row.estimate_bytes is None
     assert row.estimate_note == "not available: LookupError: no such mesh"
 
@@ -204,18 +179,7 @@ def test_step_time_is_checked_against_the_bare_compiled_step(result):
 
 
 def test_direct_check_can_be_skipped():
-    x, y = tiny_data(8)
-    row = sweep(
-        tiny_model,
-        (x, y),
-        ["dp"],
-        steps=2,
-        warmup=0,
-        batch_size=8,
-        loss="sparse_categorical_crossentropy",
-        direct_check=False,
-        progress=False,
-    ).rows[0]
+    row = dp_row(steps=2)
     assert row.ok and row.direct_step_times == [] and row.agreement is None and len(row.step_times) == 2
 
 
