@@ -5,12 +5,15 @@ import sys
 from tests.subprocess_utils import _INHERITED
 
 
-def _kdist(*args, timeout=300):
+def _python(*argv, timeout=300):
+    """`python ARGV` in a fresh process, without this process's device settings, at 120 columns."""
     env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
     env["COLUMNS"] = "120"
-    return subprocess.run(
-        [sys.executable, "-m", "kdist.cli", *args], capture_output=True, text=True, env=env, timeout=timeout
-    )
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _kdist(*args):
+    return _python("-m", "kdist.cli", *args)
 
 
 def test_demo_trains_and_reports_placement_on_eight_fake_devices():
@@ -56,9 +59,7 @@ def _kdist_beside_an_accelerator(*args):
         "import importlib, sys; cli = importlib.import_module('kdist.cli.main'); "
         f"cli.has_accelerator_plugin = lambda: True; sys.exit(cli.main({list(args)!r}))"
     )
-    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
-    env["COLUMNS"] = "120"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    return _python("-c", code)
 
 
 def test_demo_on_a_machine_with_one_accelerator_fits_its_mesh_to_the_devices():
