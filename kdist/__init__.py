@@ -23,6 +23,10 @@ _fake_devices_from_env()  # before anything starts jax's devices
 
 from kdist import models  # noqa: E402,F401  (small example models)
 from kdist.abstract import abstract_model  # noqa: E402
+from kdist.checkpoint.backup import BackupAndRestore  # noqa: E402
+from kdist.checkpoint.sharded import load_sharded, save_sharded  # noqa: E402
+from kdist.cluster.join import ClusterConfig, cluster_from_tf_config, initialize  # noqa: E402
+from kdist.cluster.launcher import LaunchResult, launch  # noqa: E402
 from kdist.distribution import ShardedDistribution  # noqa: E402
 from kdist.errors import (  # noqa: E402
     ArgumentError,
@@ -48,11 +52,7 @@ from kdist.meshes import ParallelDims  # noqa: E402
 from kdist.planning import Plan, plan, preset  # noqa: E402
 from kdist.presets import mesh  # noqa: E402
 from kdist.rules import RULE_SETS, Placement, Rule, RuleSet, get_rules, load_rules, save_rules  # noqa: E402
-from kdist.runtime.backup import BackupAndRestore  # noqa: E402
-from kdist.runtime.checkpoints import load_sharded, save_sharded  # noqa: E402
-from kdist.runtime.cluster import ClusterConfig, cluster_from_tf_config, initialize  # noqa: E402
 from kdist.runtime.data import check_batch_size, check_dataset, check_fit_inputs, global_batch_size, make_dataset  # noqa: E402
-from kdist.runtime.launcher import LaunchResult, launch  # noqa: E402
 from kdist.runtime.resharding import ReshardResult, plan_reshape, reshard  # noqa: E402
 from kdist.runtime.sweep_result import SweepResult  # noqa: E402
 from kdist.runtime.sweeping import sweep  # noqa: E402

@@ -2,7 +2,7 @@
 
 The listing that the inspector, `reshard` and sweeps use, so they agree on
 what "the state" is. Checkpoints and backups key the state by the groups of
-Keras's `get_state_tree` instead (`runtime.checkpoint_reading.flat_variables`).
+Keras's `get_state_tree` instead (`checkpoint.reading.flat_variables`).
 """
 
 import keras

@@ -7,7 +7,7 @@ import sys
 import time
 
 from kdist.cli import main
-from tests.runtime.test_launcher import _alive
+from tests.cluster.test_launcher import _alive
 from tests.subprocess_utils import _INHERITED
 
 

@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from kdist.cli.commands._shared import non_negative, positive, seconds
-from kdist.runtime.launcher import DEFAULT_GRACE_PERIOD, DEFAULT_HANG_TIMEOUT, launch
+from kdist.cluster.launcher import DEFAULT_GRACE_PERIOD, DEFAULT_HANG_TIMEOUT, launch
 
 
 def register(commands, common):

@@ -14,10 +14,10 @@ import re
 import jax
 import numpy as np
 
+from kdist.checkpoint.checksums import checksums
+from kdist.checkpoint.restore import first_line
 from kdist.errors import CheckpointError, MissingDependencyError
 from kdist.keras_internals import array_of, own_layout
-from kdist.runtime.checksums import checksums
-from kdist.runtime.restore import first_line
 
 KINDS = ("trainable_variables", "non_trainable_variables", "optimizer_variables", "metrics_variables")
 REQUIRED = ("trainable_variables", "non_trainable_variables")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import kdist
-from kdist.runtime.launcher import process_env
+from kdist.cluster.launcher import process_env
 
 SCRIPT = Path(__file__).parent.parent / "launch_scripts" / "faults.py"
 FAULTS = {"raise1": ("raise", 1), "raise0": ("raise", 0), "exit1": ("exit", 1), "hang1": ("hang", 1)}

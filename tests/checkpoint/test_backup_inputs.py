@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import kdist
-from kdist.runtime.backup import restore_backup, save_backup
-from tests.runtime.state_helpers import model
+from kdist.checkpoint.backup import restore_backup, save_backup
+from tests.checkpoint.state_helpers import model
 
 pytest.importorskip("orbax.checkpoint")
 

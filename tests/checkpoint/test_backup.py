@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kdist
-from kdist.runtime.backup import restore_backup, save_backup
+from kdist.checkpoint.backup import restore_backup, save_backup
 from tests.launch_scripts import common
 from tests.launch_scripts.common import build, train
 

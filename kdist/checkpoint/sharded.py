@@ -29,9 +29,8 @@ import keras
 from jax.experimental import multihost_utils
 
 from kdist.atomic import remove, replace_directory, sibling, write_text
-from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, ModelError
-from kdist.keras_internals import is_live
-from kdist.runtime.checkpoint_reading import (
+from kdist.checkpoint.checksums import checksums
+from kdist.checkpoint.reading import (
     CHECKPOINTABLE,
     FORMAT,
     KERAS_FILES,
@@ -47,8 +46,9 @@ from kdist.runtime.checkpoint_reading import (
     orbax,
     read_arrays,
 )
-from kdist.runtime.checksums import checksums
-from kdist.runtime.restore import assign_all, load_keras_file
+from kdist.checkpoint.restore import assign_all, load_keras_file
+from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, ModelError
+from kdist.keras_internals import is_live
 
 
 def save_sharded(model, path, *, overwrite=False):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 import kdist
-from kdist.runtime.cluster import (
+from kdist.cluster.join import (
     JOB_ADDRESSES,
     NUM_PROCESSES,
     PROCESS_ID,

@@ -5,7 +5,7 @@ import keras
 import pytest
 
 import kdist
-from tests.runtime.state_helpers import model
+from tests.checkpoint.state_helpers import model
 
 pytest.importorskip("orbax.checkpoint")
 

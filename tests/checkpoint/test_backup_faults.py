@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import kdist
-from kdist.runtime import checkpoints
-from kdist.runtime.backup import INCOMING, LATEST, PREVIOUS, restore_backup, save_backup
+from kdist.checkpoint import sharded as checkpoints
+from kdist.checkpoint.backup import INCOMING, LATEST, PREVIOUS, restore_backup, save_backup
+from tests.checkpoint.state_helpers import assert_unchanged, flip_byte, largest_file, model, snapshot, truncate
 from tests.launch_scripts import common
-from tests.runtime.state_helpers import assert_unchanged, flip_byte, largest_file, model, snapshot, truncate
 
 pytest.importorskip("orbax.checkpoint")
 

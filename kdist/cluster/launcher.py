@@ -28,12 +28,9 @@ import time
 import uuid
 
 from kdist.checks import MAX_FAKE_DEVICES
-from kdist.devices import ENV_VAR as FAKE_DEVICES_VAR
-from kdist.devices import fake_devices_env, xla_flags_without_device_count
-from kdist.errors import LaunchError
-from kdist.runtime import launch_child
-from kdist.runtime.cluster import BIND_ADDRESS, CPU_COLLECTIVES, TF_CONFIG, ClusterConfig
-from kdist.runtime.launch_args import (
+from kdist.cluster import launch_child
+from kdist.cluster.join import BIND_ADDRESS, CPU_COLLECTIVES, TF_CONFIG, ClusterConfig
+from kdist.cluster.launch_args import (
     Options,
     argv_of,
     count,
@@ -44,8 +41,11 @@ from kdist.runtime.launch_args import (
     stream_of,
     wrong_kind,
 )
-from kdist.runtime.launch_watch import Watch
-from kdist.runtime.process_tree import MARKER, ProcessTree
+from kdist.cluster.launch_watch import Watch
+from kdist.cluster.process_tree import MARKER, ProcessTree
+from kdist.devices import ENV_VAR as FAKE_DEVICES_VAR
+from kdist.devices import fake_devices_env, xla_flags_without_device_count
+from kdist.errors import LaunchError
 
 RANK_VAR = "KDIST_PROCESS_RANK"
 MAX_PROCESSES = 1024  # one machine: more is a typo

@@ -3,7 +3,7 @@ import json
 import pytest
 
 import kdist
-from kdist.runtime.cluster import ClusterConfig, cluster_from_env
+from kdist.cluster.join import ClusterConfig, cluster_from_env
 
 
 def _tf_config(cluster, task_type, index):
@@ -129,7 +129,7 @@ def test_two_processes_join_one_run_from_tf_config_alone():
     import subprocess
     import sys
 
-    from kdist.runtime.launcher import free_port, process_env
+    from kdist.cluster.launcher import free_port, process_env
 
     workers = [f"127.0.0.1:{free_port()}", "127.0.0.1:1"]  # only worker 0's port is listened on
     code = (

@@ -29,11 +29,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from kdist.atomic import remove, sync_directory, write_text
-from kdist.checks import is_int
-from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, ModelError
-from kdist.keras_internals import print_msg
-from kdist.runtime.checkpoint_reading import flat_variables, flatten, match_checkpoint, open_checkpoint, read_arrays
-from kdist.runtime.checkpoints import (
+from kdist.checkpoint.reading import flat_variables, flatten, match_checkpoint, open_checkpoint, read_arrays
+from kdist.checkpoint.restore import assign_all
+from kdist.checkpoint.sharded import (
     barrier,
     build_optimizer,
     check_path,
@@ -41,7 +39,9 @@ from kdist.runtime.checkpoints import (
     require_model,
     write_checkpoint,
 )
-from kdist.runtime.restore import assign_all
+from kdist.checks import is_int
+from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, ModelError
+from kdist.keras_internals import print_msg
 
 LATEST = "kdist_backup_latest"
 PREVIOUS = "kdist_backup_previous"

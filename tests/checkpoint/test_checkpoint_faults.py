@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import kdist
-from kdist.runtime import checkpoints
-from tests.runtime.state_helpers import assert_unchanged, flip_byte, largest_file, model, snapshot, truncate
+from kdist.checkpoint import sharded as checkpoints
+from tests.checkpoint.state_helpers import assert_unchanged, flip_byte, largest_file, model, snapshot, truncate
 
 pytest.importorskip("orbax.checkpoint")
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import kdist
-from kdist.runtime.launcher import process_env
+from kdist.cluster.launcher import process_env
 from tests.launch_scripts import common
 from tests.launch_scripts.common import build, train
 

@@ -1,0 +1,1 @@
+"""Sharded checkpoints, Orbax-backed backups, and restoring values into a live model."""
