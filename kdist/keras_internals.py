@@ -301,3 +301,11 @@ def check_batches_with(check):
 
     distribute_data_input._kdist_check = check
     jax_distribution_lib.distribute_data_input = distribute_data_input
+
+
+def agree_on_random_seed():
+    """What `keras.distribution.initialize` does after joining: one global random seed, summed over the processes.
+
+    (Keras 3.15's `initialize_rng`; a no-op when `keras.utils.set_random_seed` already set one.)
+    """
+    jax_distribution_lib.initialize_rng()
