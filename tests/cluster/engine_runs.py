@@ -1,0 +1,68 @@
+"""Running the launch scripts under a real cluster engine (mpirun, srun) from a test, and reading their output."""
+
+import dataclasses
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from tests.subprocess_utils import _INHERITED
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "tests" / "launch_scripts"
+_TAG = re.compile(r"\[\d+,(\d+)\]<\w+>:((?:(?!\[\d+,\d+\]<).)*)")  # mpirun --tag-output: [job,rank]<stdout>:text
+_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")  # srun --label: "rank: text"
+
+
+@dataclasses.dataclass
+class EngineRun:
+    returncode: int
+    output: str
+    lines: dict  # rank -> its output lines
+    started: float
+    ended: float
+
+    def prefixed(self, prefix):
+        """rank -> the text after `prefix` of each of its lines that starts with it."""
+        return {
+            r: [line[len(prefix) :].strip() for line in ls if line.startswith(prefix)] for r, ls in self.lines.items()
+        }
+
+
+def engine_env(devices_per_process, extra=None):
+    """The tasks' environment: this checkout's kdist, `devices_per_process` fake CPU devices, a quiet TensorFlow."""
+    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    for name in list(env):
+        if (
+            name.startswith(("KERAS_DISTRIBUTION_", "OMPI_", "PMIX_", "PMI_", "SLURM_", "KDIST_"))
+            or name == "TF_CONFIG"
+        ):
+            del env[name]  # nothing of an outer job or launch leaks into the one under test
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(SCRIPTS)]),
+            "KDIST_FAKE_DEVICES": str(devices_per_process),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "TF_ENABLE_ONEDNN_OPTS": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_engine(command, env, timeout, labelled):
+    """Run an engine's command line; returns an `EngineRun` with each rank's lines (from the engine's labels)."""
+    started = time.time()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=SCRIPTS)
+    ended = time.time()
+    output = proc.stdout + proc.stderr
+    lines = {}
+    for line in output.splitlines():
+        if labelled == "mpirun":
+            for rank, text in _TAG.findall(line):
+                lines.setdefault(int(rank), []).append(text)
+        elif match := _LABEL.match(line):
+            lines.setdefault(int(match.group(1)), []).append(match.group(2))
+    return EngineRun(proc.returncode, output, lines, started, ended)

@@ -1,0 +1,32 @@
+"""The script the engine fault tests run in every task (under mpirun or srun): join, then one task fails.
+
+    engine_fault.py FAULT RANK
+
+Every task calls `kdist.initialize()`, prints `READY rank engine coordinator`
+and meets the others in a barrier. Then task RANK prints `FAULT time` and
+
+- `raise`: raises RuntimeError;
+- `exit`: calls sys.exit(3);
+
+while the others wait for it in a second barrier (which it never reaches).
+"""
+
+import sys
+import time
+
+import kdist
+
+config = kdist.initialize()
+
+from jax.experimental import multihost_utils  # noqa: E402
+
+fault, fault_rank = sys.argv[1], int(sys.argv[2])
+print(f"READY {config.process_id} {config.engine} {config.coordinator_address}", flush=True)
+multihost_utils.sync_global_devices("ready")
+if config.process_id == fault_rank:
+    print(f"FAULT {time.time()!r}", flush=True)
+    if fault == "raise":
+        raise RuntimeError(f"boom in process {config.process_id}")
+    sys.exit(3)
+multihost_utils.sync_global_devices("never")
+print("DONE", flush=True)
