@@ -1,0 +1,65 @@
+"""Under SLURM's real `srun`, on a single-node SLURM this module starts (munged + slurmctld + slurmd):
+2 tasks x 4 fake CPU devices join one 8-device job with `kdist.initialize()`.
+
+The training gives the losses of 1 process on 8 devices; a task that raises
+ends the step within seconds (srun alone would wait for the other task);
+a task that has not joined is refused with a kdist.ClusterError. When the
+daemons cannot start here, every test skips with the reason.
+"""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from tests.cluster.engine_runs import SCRIPTS, engine_env, run_engine
+from tests.cluster.slurm_cluster import SlurmUnavailable, start_slurm
+from tests.launch_scripts import common
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    try:
+        cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
+    except SlurmUnavailable as e:
+        pytest.skip(f"a single-node SLURM cannot start here: {e}")
+    yield cluster
+    cluster.stop()
+
+
+def srun(slurm, args, n=2, devices=4, extra_env=None, timeout=300):
+    env = engine_env(devices, {"SLURM_CONF": slurm.env["SLURM_CONF"], **(extra_env or {})})
+    command = ["srun", "--label", "-n", str(n), "--mpi=none", *args]
+    return run_engine(command, env, timeout, labelled="srun")
+
+
+def test_two_srun_tasks_train_as_one_8_device_job(slurm):
+    run = srun(slurm, [sys.executable, str(SCRIPTS / "train.py"), "--presets", "dp,2x4"])
+    assert run.returncode == 0, run.output[-3000:] + slurm.logs()
+    reference = common.reference()
+    results = {rank: [json.loads(r) for r in lines] for rank, lines in run.prefixed("RESULT").items()}
+    assert sorted(results) == [0, 1], run.output[-3000:]
+    for rank, runs in results.items():
+        assert [(r["spec"], r["process"], r["processes"]) for r in runs] == [("dp", rank, 2), ("2x4", rank, 2)]
+        np.testing.assert_allclose(runs[0]["losses"], reference["dp"], rtol=1e-5)
+        np.testing.assert_allclose(runs[1]["losses"], reference["2x4"][:4], rtol=1e-5)
+
+
+def test_a_task_that_raises_ends_the_srun_step_within_seconds(slurm):
+    run = srun(slurm, [sys.executable, str(SCRIPTS / "engine_fault.py"), "raise", "1"], devices=2, timeout=120)
+    ready = run.prefixed("READY")
+    assert [ready[0][0].split()[:2], ready[1][0].split()[:2]] == [["0", "slurm"], ["1", "slurm"]], run.output
+    assert ready[0][0].split()[2].startswith("127.0.0.1:")  # one node: the coordinator is on loopback
+    (fault_time,) = run.prefixed("FAULT")[1]
+    assert run.returncode != 0 and "DONE" not in run.output
+    assert run.ended - float(fault_time) < 15, run.output[-3000:]  # srun alone: until the job's time limit
+    assert "kdist: process 1 of 2 (slurm) raised RuntimeError; ending the job." in run.lines[1], run.output[-3000:]
+
+
+def test_a_task_that_has_not_joined_is_refused_with_a_cluster_error(slurm):
+    code = "import kdist; kdist.preset('dp'); print('TRAINED ALONE', flush=True)"
+    run = srun(slurm, [sys.executable, "-c", code], timeout=120)
+    assert run.returncode != 0 and "TRAINED ALONE" not in run.output
+    assert "kdist.errors.ClusterError: This process is task" in run.output, run.output[-3000:]
+    assert "started by SLURM (srun) (SLURM_STEP_NUM_TASKS=2, SLURM_PROCID=" in run.output
