@@ -11,6 +11,7 @@ reason (missing programs, a daemon that would not start), for the test to skip.
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from kdist.cluster.launcher import free_port
 
-PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sinfo", "scancel")
+PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sinfo", "squeue", "scancel")
 
 
 class SlurmUnavailable(Exception):
@@ -30,6 +31,11 @@ class Slurm:
         self.directory, self.env, self.processes = directory, env, processes
 
     def stop(self):
+        """End the daemons, after the jobs (at most 20 s), and any step daemon (slurmstepd) of theirs left."""
+        try:
+            _wait(lambda: _no_jobs(self.env), 20, "jobs still running")
+        except SlurmUnavailable:
+            pass
         for proc in reversed(self.processes):
             if proc.poll() is None:
                 proc.terminate()
@@ -39,6 +45,11 @@ class Slurm:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+        for pid in _step_daemons(self.env["SLURM_CONF"]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def logs(self):
         return "\n".join(
@@ -98,6 +109,31 @@ def _wait(ready, timeout, what):
             return
         time.sleep(0.3)
     raise SlurmUnavailable(f"{what} within {timeout} s")
+
+
+def _no_jobs(env):
+    try:
+        result = subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return False
+    return result.returncode == 0 and not result.stdout.strip()
+
+
+def _step_daemons(conf):
+    """Pids of the slurmstepd processes started by this cluster's slurmd (their environment names its slurm.conf)."""
+    marker = f"SLURM_CONF={conf}".encode()
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if not f.read().startswith(b"slurmstepd"):
+                    continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
 
 
 def _node_state(env):

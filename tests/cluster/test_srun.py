@@ -2,7 +2,8 @@
 2 tasks x 4 fake CPU devices join one 8-device job with `kdist.initialize()`.
 
 The training gives the losses of 1 process on 8 devices; a task that raises
-ends the step within seconds (srun alone would wait for the other task);
+ends the step within seconds, also when the other task is in no collective
+(srun alone would wait for it);
 a task that has not joined is refused with a kdist.ClusterError. When the
 daemons cannot start here, every test skips with the reason.
 """
@@ -46,8 +47,11 @@ def test_two_srun_tasks_train_as_one_8_device_job(slurm):
         np.testing.assert_allclose(runs[1]["losses"], reference["2x4"][:4], rtol=1e-5)
 
 
-def test_a_task_that_raises_ends_the_srun_step_within_seconds(slurm):
-    run = srun(slurm, [sys.executable, str(SCRIPTS / "engine_fault.py"), "raise", "1"], devices=2, timeout=120)
+@pytest.mark.parametrize("others", ["barrier", "sleep"])
+def test_a_task_that_raises_ends_the_srun_step_within_seconds(slurm, others):
+    """ "sleep": the other task is in no collective, so only kdist's scancel of the step can end it."""
+    script = [sys.executable, str(SCRIPTS / "engine_fault.py"), "raise", "1", others]
+    run = srun(slurm, script, devices=2, timeout=120)
     ready = run.prefixed("READY")
     assert [ready[0][0].split()[:2], ready[1][0].split()[:2]] == [["0", "slurm"], ["1", "slurm"]], run.output
     assert ready[0][0].split()[2].startswith("127.0.0.1:")  # one node: the coordinator is on loopback

@@ -1,6 +1,6 @@
 """The script the engine fault tests run in every task (under mpirun or srun): join, then one task fails.
 
-    engine_fault.py FAULT RANK
+    engine_fault.py FAULT RANK [sleep]
 
 Every task calls `kdist.initialize()`, prints `READY rank engine coordinator`
 and meets the others in a barrier. Then task RANK prints `FAULT time` and
@@ -8,7 +8,9 @@ and meets the others in a barrier. Then task RANK prints `FAULT time` and
 - `raise`: raises RuntimeError;
 - `exit`: calls sys.exit(3);
 
-while the others wait for it in a second barrier (which it never reaches).
+while the others wait for it in a second barrier (which it never reaches),
+or with `sleep`, sleep for 10 minutes outside any collective (so only the
+engine can end them).
 """
 
 import sys
@@ -28,5 +30,7 @@ if config.process_id == fault_rank:
     if fault == "raise":
         raise RuntimeError(f"boom in process {config.process_id}")
     sys.exit(3)
+if sys.argv[3:] == ["sleep"]:
+    time.sleep(600)
 multihost_utils.sync_global_devices("never")
 print("DONE", flush=True)
