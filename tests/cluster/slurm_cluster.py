@@ -10,6 +10,7 @@ reason (missing programs, a daemon that would not start), for the test to skip.
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -71,7 +72,14 @@ def start_slurm(directory, cpus=8, timeout=30):
     key.chmod(0o600)
     socket_path = directory / "munge.socket"
     conf = directory / "slurm.conf"
-    conf.write_text(_CONF.format(d=directory, user=user, node=node, cpus=cpus, ctld=free_port(), slurmd=free_port()))
+    # A random first job id: jax derives the coordinator's port from the job id, and two clusters (pytest-xdist
+    # workers) numbering jobs alike would give their jobs the same port.
+    first_job = random.randrange(1, 1 << 20)
+    conf.write_text(
+        _CONF.format(
+            d=directory, user=user, node=node, cpus=cpus, ctld=free_port(), slurmd=free_port(), first_job=first_job
+        )
+    )
     env = {**os.environ, "SLURM_CONF": str(conf)}
     processes = []
     slurm = Slurm(directory, env, processes)
@@ -146,6 +154,7 @@ def _node_state(env):
 
 _CONF = """\
 ClusterName=kdisttest
+FirstJobId={first_job}
 SlurmctldHost={node}(127.0.0.1)
 SlurmUser={user}
 SlurmdUser={user}
