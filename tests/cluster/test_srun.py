@@ -3,7 +3,8 @@
 
 The training gives the losses of 1 process on 8 devices; a task that raises
 ends the step within seconds, also when the other task is in no collective
-(srun alone would wait for it);
+(srun alone would wait for it), and so does a task killed while the other
+waits for it in a collective;
 a task that has not joined is refused with a kdist.ClusterError. When the
 daemons cannot start here, every test skips with the reason.
 """
@@ -47,10 +48,11 @@ def test_two_srun_tasks_train_as_one_8_device_job(slurm):
         np.testing.assert_allclose(runs[1]["losses"], reference["2x4"][:4], rtol=1e-5)
 
 
-@pytest.mark.parametrize("others", ["barrier", "sleep"])
-def test_a_task_that_raises_ends_the_srun_step_within_seconds(slurm, others):
-    """ "sleep": the other task is in no collective, so only kdist's scancel of the step can end it."""
-    script = [sys.executable, str(SCRIPTS / "engine_fault.py"), "raise", "1", others]
+@pytest.mark.parametrize("fault, others", [("raise", "barrier"), ("raise", "sleep"), ("kill", "barrier")])
+def test_a_failed_task_ends_the_srun_step_within_seconds(slurm, fault, others):
+    """ "sleep": the other task is in no collective, so only kdist's scancel of the step ends it.
+    "kill": task 1 SIGKILLs itself; task 0's collective fails and kdist's handler ends it and the step."""
+    script = [sys.executable, str(SCRIPTS / "engine_fault.py"), fault, "1", others]
     run = srun(slurm, script, devices=2, timeout=120)
     ready = run.prefixed("READY")
     assert [ready[0][0].split()[:2], ready[1][0].split()[:2]] == [["0", "slurm"], ["1", "slurm"]], run.output
@@ -58,7 +60,8 @@ def test_a_task_that_raises_ends_the_srun_step_within_seconds(slurm, others):
     (fault_time,) = run.prefixed("FAULT")[1]
     assert run.returncode != 0 and "DONE" not in run.output
     assert run.ended - float(fault_time) < 15, run.output[-3000:]  # srun alone: until the job's time limit
-    assert "kdist: process 1 of 2 (slurm) raised RuntimeError; ending the job." in run.lines[1], run.output[-3000:]
+    rank, said = (1, "raised RuntimeError") if fault == "raise" else (0, "raised JaxRuntimeError")
+    assert f"kdist: process {rank} of 2 (slurm) {said}; ending the job." in run.lines[rank], run.output[-3000:]
 
 
 def test_a_task_that_has_not_joined_is_refused_with_a_cluster_error(slurm):

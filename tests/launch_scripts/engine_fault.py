@@ -7,12 +7,15 @@ and meets the others in a barrier. Then task RANK prints `FAULT time` and
 
 - `raise`: raises RuntimeError;
 - `exit`: calls sys.exit(3);
+- `kill`: SIGKILLs itself (what the OOM killer does);
 
 while the others wait for it in a second barrier (which it never reaches),
 or with `sleep`, sleep for 10 minutes outside any collective (so only the
 engine can end them).
 """
 
+import os
+import signal
 import sys
 import time
 
@@ -29,6 +32,8 @@ if config.process_id == fault_rank:
     print(f"FAULT {time.time()!r}", flush=True)
     if fault == "raise":
         raise RuntimeError(f"boom in process {config.process_id}")
+    if fault == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(3)
 if sys.argv[3:] == ["sleep"]:
     time.sleep(600)
