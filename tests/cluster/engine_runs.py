@@ -1,6 +1,7 @@
 """Running the launch scripts under a real cluster engine (mpirun, srun) from a test, and reading their output."""
 
 import dataclasses
+import ipaddress
 import os
 import re
 import subprocess
@@ -66,3 +67,14 @@ def run_engine(command, env, timeout, labelled):
         elif match := _LABEL.match(line):
             lines.setdefault(int(match.group(1)), []).append(match.group(2))
     return EngineRun(proc.returncode, output, lines, started, ended)
+
+
+def is_loopback(hex_address):
+    """Whether an address as /proc/net/tcp or tcp6 writes it is a loopback address."""
+    raw = bytes.fromhex(hex_address)
+    if len(raw) == 4:
+        address = ipaddress.IPv4Address(raw[::-1])
+    else:  # tcp6: four 32-bit words, each in host (little-endian) order
+        address = ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
+        address = address.ipv4_mapped or address
+    return address.is_loopback

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import kdist
-from tests.cluster.engine_runs import SCRIPTS, engine_env, run_engine
+from tests.cluster.engine_runs import SCRIPTS, engine_env, is_loopback, run_engine
 from tests.launch_scripts import common
 
 MPIRUN = shutil.which("mpirun")
@@ -86,6 +86,7 @@ def test_a_task_that_raises_or_exits_ends_the_mpirun_job_within_seconds(fault):
     run = mpirun(python("engine_fault.py", fault, "1"), devices=2, timeout=120)
     ready = run.prefixed("READY")
     assert [ready[0][0].split()[:2], ready[1][0].split()[:2]] == [["0", "openmpi"], ["1", "openmpi"]], run.output
+    assert run.prefixed("LISTEN")[0] and all(map(is_loopback, run.prefixed("LISTEN")[0])), run.output[-3000:]
     assert ready[0][0].split()[2].startswith("127.0.0.1:")  # one host: the coordinator is on loopback
     (fault_time,) = run.prefixed("FAULT")[1]
     assert run.returncode != 0 and "DONE" not in run.output

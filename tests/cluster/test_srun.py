@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.cluster.engine_runs import SCRIPTS, engine_env, run_engine
+from tests.cluster.engine_runs import SCRIPTS, engine_env, is_loopback, run_engine
 from tests.cluster.slurm_cluster import SlurmUnavailable, start_slurm
 from tests.launch_scripts import common
 
@@ -56,6 +56,7 @@ def test_a_failed_task_ends_the_srun_step_within_seconds(slurm, fault, others):
     run = srun(slurm, script, devices=2, timeout=120)
     ready = run.prefixed("READY")
     assert [ready[0][0].split()[:2], ready[1][0].split()[:2]] == [["0", "slurm"], ["1", "slurm"]], run.output
+    assert run.prefixed("LISTEN")[0] and all(map(is_loopback, run.prefixed("LISTEN")[0])), run.output[-3000:]
     assert ready[0][0].split()[2].startswith("127.0.0.1:")  # one node: the coordinator is on loopback
     (fault_time,) = run.prefixed("FAULT")[1]
     assert run.returncode != 0 and "DONE" not in run.output
