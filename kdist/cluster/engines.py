@@ -9,6 +9,7 @@ their job instead of training alone (`check_not_alone`). Joining itself
 (`kdist.initialize()`) is in `join.py`.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -90,13 +91,30 @@ def alone_requested(environ=None):
     raise ClusterError(f"{ALONE}={value!r} is not understood; set {ALONE}=1 to run alone, or unset it.")
 
 
+@contextlib.contextmanager
+def running_alone():
+    """Inside the block this process is a single-process tool (the `kdist` CLI's commands): its meshes are not refused.
+
+    Unlike KDIST_ALONE=1 it does not reach the processes it starts (`kdist launch`'s children).
+    """
+    global _alone_here
+    before, _alone_here = _alone_here, True
+    try:
+        yield
+    finally:
+        _alone_here = before
+
+
+_alone_here = False
+
+
 def check_not_alone(what="a preset"):
     """Raise `ClusterError` if this process is one of several tasks of a job it has not joined.
 
     Called wherever a mesh is built. Cheap: environment variables and
     whether JAX's distributed client is up. KDIST_ALONE=1 turns it off.
     """
-    if in_distributed_run() or alone_requested():
+    if _alone_here or in_distributed_run() or alone_requested():
         return
     tasks = engine_tasks() or _kdist_launch(os.environ)
     if tasks is not None and tasks.several:

@@ -8,6 +8,7 @@ real engines run in test_mpirun.py and test_srun.py.
 import pytest
 
 import kdist
+from kdist.cli.main import main
 from kdist.cluster import join
 from kdist.cluster.config import ClusterConfig
 from kdist.cluster.engines import alone_requested, engine_tasks
@@ -142,3 +143,12 @@ def test_config_names_its_engine():
     assert ClusterConfig("h:1", 2, 0).engine == "arguments"
     with pytest.raises(kdist.ArgumentTypeError, match="local_process_id must be an integer or None"):
         ClusterConfig("h:1", 2, 0, local_process_id="0")
+
+
+def test_the_cli_commands_are_single_process_tools_inside_a_job(monkeypatch, capsys):
+    for name, value in OPENMPI.items():
+        monkeypatch.setenv(name, value)
+    assert main(["inspect", "mlp", "--mesh", "2x4"]) == 0
+    assert "mlp" in capsys.readouterr().out
+    with pytest.raises(kdist.ClusterError, match="task 1 of 2 tasks"):  # outside the command: refused again
+        kdist.preset("2x4")
