@@ -10,6 +10,7 @@ daemons cannot start here, every test skips with the reason.
 """
 
 import json
+import subprocess
 import sys
 
 import numpy as np
@@ -71,3 +72,25 @@ def test_a_task_that_has_not_joined_is_refused_with_a_cluster_error(slurm):
     assert run.returncode != 0 and "TRAINED ALONE" not in run.output
     assert "kdist.errors.ClusterError: This process is task" in run.output, run.output[-3000:]
     assert "started by SLURM (srun) (SLURM_STEP_NUM_TASKS=2, SLURM_PROCID=" in run.output
+
+
+def test_an_sbatch_script_runs_the_training_with_srun(slurm, tmp_path):
+    """The shape of docs/clusters.md's sbatch script: the batch step is one task, srun starts the two."""
+    script = tmp_path / "train.sbatch"
+    script.write_text(
+        "#!/bin/bash\n"
+        "#SBATCH --ntasks=2\n"
+        f"srun --label --kill-on-bad-exit=1 --mpi=none {sys.executable} {SCRIPTS / 'train.py'} --presets 2x4\n"
+    )
+    out = tmp_path / "out.txt"
+    env = engine_env(4, {"SLURM_CONF": slurm.env["SLURM_CONF"]})
+    result = subprocess.run(
+        ["sbatch", "--wait", f"--output={out}", str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr + (out.read_text() if out.exists() else "") + slurm.logs()
+    reference = common.reference()
+    for rank in (0, 1):
+        (line,) = [s for s in out.read_text().splitlines() if s.startswith(f"{rank}: RESULT ")]
+        result = json.loads(line.split("RESULT ", 1)[1])
+        assert (result["spec"], result["process"], result["processes"]) == ("2x4", rank, 2)
+        np.testing.assert_allclose(result["losses"], reference["2x4"][:4], rtol=1e-5)
