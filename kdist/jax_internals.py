@@ -64,11 +64,12 @@ def engine_cluster(engine, timeout_s, port=None):
 def jax_detected_cluster(timeout_s, port=None):
     """(engine, coordinator, num_processes, process_id, local_process_id) from jax's own detection, or None.
 
-    For the environments kdist does not read itself (TPU pods, a Kubernetes
-    Job seen through its API); the opt-in mpi4py method is not tried.
+    For the environments kdist does not read itself (TPU pods). Not tried: the
+    opt-in mpi4py method, and Kubernetes (kdist reads an Indexed Job itself; jax
+    would query the API from any pod, a notebook's too, and fail there).
     """
     for cluster in clusters.ClusterEnv._cluster_types:
-        if cluster.opt_in_only_method or not cluster.is_env_present():
+        if cluster.opt_in_only_method or cluster is clusters.K8sCluster or not cluster.is_env_present():
             continue
         local = None if cloud_tpu_init.running_in_cloud_tpu_vm else cluster.get_local_process_id()
         return (

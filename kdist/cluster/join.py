@@ -170,20 +170,21 @@ def _from_engine(environ):
     port = environ.get(COORDINATOR_PORT) or None
     tasks = engine_tasks(environ)
     if tasks is None:
-        found = jax_detected_cluster(DETECTION_TIMEOUT_S, port)
+        found = _ask_jax("its cluster detection", lambda: jax_detected_cluster(DETECTION_TIMEOUT_S, port))
         if found is None or found[2] < 2:
             return None
         engine, coordinator, count, rank, local = found
         return ClusterConfig(coordinator, count, rank, "jax cluster detection", engine, local)
-    if not tasks.several:
+    count, given = tasks.num_processes, environ.get(COORDINATOR)
+    if count is not None and count < 2:
         return None
-    jax_view = (
-        None
-        if environ.get(COORDINATOR) and tasks.num_processes
-        else engine_cluster(tasks.engine, DETECTION_TIMEOUT_S, port)
-    )
-    coordinator = environ.get(COORDINATOR) or (jax_view and jax_view[0])
-    count = tasks.num_processes or (jax_view and jax_view[1])
+    jax_view = None
+    if not (given and count):
+        jax_view = _ask_jax(tasks.engine, lambda: engine_cluster(tasks.engine, DETECTION_TIMEOUT_S, port))
+    count = count or (jax_view and jax_view[1])
+    if count == 1 or (count is None and not tasks.several):
+        return None  # a job of one task; or rank 0 where the environment cannot tell (PMIx, Kubernetes)
+    coordinator = given or (jax_view and jax_view[0])
     if not coordinator or not count:
         raise ClusterError(
             f"This process is task {tasks.process_id} of a job started by {ENGINE_NAMES[tasks.engine]} "
@@ -192,12 +193,24 @@ def _from_engine(environ):
             f"port) and KERAS_DISTRIBUTION_NUM_PROCESSES, or KERAS_DISTRIBUTION_* in full, in every task's "
             "environment; or set KDIST_ALONE=1 to run each task alone."
         )
-    if tasks.single_host and not environ.get(COORDINATOR):
+    if tasks.single_host and not given:
         coordinator = "127.0.0.1:" + coordinator.rsplit(":", 1)[1]  # every task is here: loopback
     source = ", ".join(tasks.variables)
     return ClusterConfig(
         coordinator, count, tasks.process_id, source, tasks.engine, tasks.local_process_id, tasks.local_num_processes
     )
+
+
+def _ask_jax(what, ask):
+    """`ask()` (jax's cluster detection), with its failures (a Kubernetes API error) raised as ClusterError."""
+    try:
+        return ask()
+    except (RuntimeError, ValueError, KeyError, OSError) as e:
+        raise ClusterError(
+            f"jax's detection of the {what} job failed: {type(e).__name__}: {e}. Give the job's layout "
+            f"yourself: KERAS_DISTRIBUTION_* in every task's environment (or {COORDINATOR}=HOST:PORT), or set "
+            "KDIST_ALONE=1 to run each task alone."
+        ) from e
 
 
 _NO_COORDINATOR_FIX = {

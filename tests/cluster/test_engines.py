@@ -152,3 +152,28 @@ def test_the_cli_commands_are_single_process_tools_inside_a_job(monkeypatch, cap
     assert "mlp" in capsys.readouterr().out
     with pytest.raises(kdist.ClusterError, match="task 1 of 2 tasks"):  # outside the command: refused again
         kdist.preset("2x4")
+
+
+def test_a_kubernetes_indexed_job_without_its_count_joins_only_when_told(monkeypatch):
+    pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "JOB_COMPLETION_INDEX": "1"}
+    monkeypatch.setattr(join, "engine_cluster", lambda *args: None)  # no `kubernetes` package: jax cannot tell
+    with pytest.raises(kdist.ClusterError, match="task 1 of a job started by a Kubernetes Indexed Job .*jax.k8s"):
+        join._from_engine(pod)
+    assert join._from_engine({**pod, "JOB_COMPLETION_INDEX": "0"}) is None  # pod 0 cannot tell: as one process
+    monkeypatch.setattr(join, "engine_cluster", lambda *args: ("train-0.train:55527", 2))
+    config = join._from_engine(pod)
+    assert (config.engine, config.coordinator_address, config.num_processes, config.process_id) == (
+        "kubernetes",
+        "train-0.train:55527",
+        2,
+        1,
+    )
+
+
+def test_a_failing_jax_detection_is_a_cluster_error(monkeypatch):
+    def api_error(*args):
+        raise RuntimeError("Kubernetes API Error: 403 - Forbidden")
+
+    monkeypatch.setattr(join, "engine_cluster", api_error)
+    with pytest.raises(kdist.ClusterError, match="jax's detection of the kubernetes job failed: RuntimeError: Kube"):
+        join._from_engine({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "JOB_COMPLETION_INDEX": "1"})
