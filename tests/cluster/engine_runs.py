@@ -12,7 +12,7 @@ from tests.subprocess_utils import _INHERITED
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "launch_scripts"
-_TAG = re.compile(r"\[\d+,(\d+)\]<\w+>:((?:(?!\[\d+,\d+\]<).)*)")  # mpirun --tag-output: [job,rank]<stdout>:text
+_TAG = re.compile(r"\[\d+,(\d+)\]<(\w+)>:")  # mpirun --tag-output: "[job,rank]<stdout>:" before each chunk written
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")  # srun --label: "rank: text"
 
 
@@ -23,6 +23,11 @@ class EngineRun:
     lines: dict  # rank -> its output lines
     started: float
     ended: float
+
+    @property
+    def text(self):
+        """Every rank's lines, rank by rank, without the engine's labels (for searching messages)."""
+        return "\n".join(line for rank in sorted(self.lines) for line in self.lines[rank])
 
     def prefixed(self, prefix):
         """rank -> the text after `prefix` of each of its lines that starts with it."""
@@ -60,12 +65,12 @@ def run_engine(command, env, timeout, labelled):
     ended = time.time()
     output = proc.stdout + proc.stderr
     lines = {}
-    for line in output.splitlines():
-        if labelled == "mpirun":
-            for rank, text in _TAG.findall(line):
-                lines.setdefault(int(rank), []).append(text)
-        elif match := _LABEL.match(line):
-            lines.setdefault(int(match.group(1)), []).append(match.group(2))
+    if labelled == "mpirun":
+        lines = _untag(proc.stdout, _untag(proc.stderr, {}))
+    else:
+        for line in output.splitlines():
+            if match := _LABEL.match(line):
+                lines.setdefault(int(match.group(1)), []).append(match.group(2))
     return EngineRun(proc.returncode, output, lines, started, ended)
 
 
@@ -78,3 +83,19 @@ def is_loopback(hex_address):
         address = ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
         address = address.ipv4_mapped or address
     return address.is_loopback
+
+
+def _untag(output, lines):
+    """Each rank's lines from mpirun's tagged output, where a tag starts every chunk a process wrote.
+
+    An unbuffered `print("A", "B")` is three writes, so one line can come as
+    several tagged chunks: the chunks of each rank and stream are joined
+    before being split into lines.
+    """
+    pieces = _TAG.split(output)  # [before, rank, stream, text, rank, stream, text, ...]
+    streams = {}
+    for i in range(1, len(pieces) - 2, 3):
+        streams.setdefault((int(pieces[i]), pieces[i + 1]), []).append(pieces[i + 2])
+    for (rank, _), chunks in sorted(streams.items()):
+        lines.setdefault(rank, []).extend("".join(chunks).splitlines())
+    return lines

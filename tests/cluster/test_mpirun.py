@@ -89,7 +89,7 @@ def test_a_task_that_raises_or_exits_ends_the_mpirun_job_within_seconds(fault):
     assert run.prefixed("LISTEN")[0] and all(map(is_loopback, run.prefixed("LISTEN")[0])), run.output[-3000:]
     assert ready[0][0].split()[2].startswith("127.0.0.1:")  # one host: the coordinator is on loopback
     (fault_time,) = run.prefixed("FAULT")[1]
-    assert run.returncode != 0 and "DONE" not in run.output
+    assert run.returncode != 0 and "DONE" not in run.text
     assert run.ended - float(fault_time) < 10, run.output[-3000:]  # jax's shutdown barrier would wait 300 s
     said = "raised RuntimeError" if fault == "raise" else "exited with code 3"
     assert f"kdist: process 1 of 2 (openmpi) {said}; ending the job." in run.lines[1], run.output[-3000:]
@@ -98,20 +98,18 @@ def test_a_task_that_raises_or_exits_ends_the_mpirun_job_within_seconds(fault):
 def test_a_task_that_has_not_joined_is_refused_with_a_cluster_error():
     code = "import kdist; kdist.preset('dp'); print('TRAINED ALONE', flush=True)"
     run = mpirun([sys.executable, "-c", code], devices=4, timeout=120)
-    assert run.returncode != 0 and "TRAINED ALONE" not in run.output
-    assert "kdist.errors.ClusterError: This process is task" in run.output, run.output[-3000:]
-    assert "started by Open MPI (mpirun) (OMPI_COMM_WORLD_SIZE=2, OMPI_COMM_WORLD_RANK=" in run.output
-    assert "call kdist.initialize() first thing in the script" in run.output and "KDIST_ALONE=1" in run.output
+    assert run.returncode != 0 and "TRAINED ALONE" not in run.text
+    assert "kdist.errors.ClusterError: This process is task" in run.text, run.output[-3000:]
+    assert "started by Open MPI (mpirun) (OMPI_COMM_WORLD_SIZE=2, OMPI_COMM_WORLD_RANK=" in run.text
+    assert "call kdist.initialize() first thing in the script" in run.text and "KDIST_ALONE=1" in run.text
 
 
 def test_initialize_after_jax_started_its_devices_is_refused_under_mpirun():
     code = "import kdist, jax; jax.devices(); kdist.initialize()"
     run = mpirun([sys.executable, "-c", code], devices=4, timeout=120)
     assert run.returncode != 0
-    assert (
-        "kdist.errors.ClusterError: kdist.initialize() was called after JAX had initialised its devices" in run.output
-    )
-    assert "(OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK" in run.output, run.output[-3000:]
+    assert "kdist.errors.ClusterError: kdist.initialize() was called after JAX had initialised its devices" in run.text
+    assert "(OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK" in run.text, run.output[-3000:]
 
 
 def test_kdist_alone_runs_each_task_alone():

@@ -60,7 +60,7 @@ def test_a_failed_task_ends_the_srun_step_within_seconds(slurm, fault, others):
     assert run.prefixed("LISTEN")[0] and all(map(is_loopback, run.prefixed("LISTEN")[0])), run.output[-3000:]
     assert ready[0][0].split()[2].startswith("127.0.0.1:")  # one node: the coordinator is on loopback
     (fault_time,) = run.prefixed("FAULT")[1]
-    assert run.returncode != 0 and "DONE" not in run.output
+    assert run.returncode != 0 and "DONE" not in run.text
     assert run.ended - float(fault_time) < 15, run.output[-3000:]  # srun alone: until the job's time limit
     rank, said = (1, "raised RuntimeError") if fault == "raise" else (0, "raised JaxRuntimeError")
     assert f"kdist: process {rank} of 2 (slurm) {said}; ending the job." in run.lines[rank], run.output[-3000:]
@@ -69,9 +69,9 @@ def test_a_failed_task_ends_the_srun_step_within_seconds(slurm, fault, others):
 def test_a_task_that_has_not_joined_is_refused_with_a_cluster_error(slurm):
     code = "import kdist; kdist.preset('dp'); print('TRAINED ALONE', flush=True)"
     run = srun(slurm, [sys.executable, "-c", code], timeout=120)
-    assert run.returncode != 0 and "TRAINED ALONE" not in run.output
-    assert "kdist.errors.ClusterError: This process is task" in run.output, run.output[-3000:]
-    assert "started by SLURM (srun) (SLURM_STEP_NUM_TASKS=2, SLURM_PROCID=" in run.output
+    assert run.returncode != 0 and "TRAINED ALONE" not in run.text
+    assert "kdist.errors.ClusterError: This process is task" in run.text, run.output[-3000:]
+    assert "started by SLURM (srun) (SLURM_STEP_NUM_TASKS=2, SLURM_PROCID=" in run.text
 
 
 def test_an_sbatch_script_runs_the_training_with_srun(slurm, tmp_path):
