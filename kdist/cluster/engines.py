@@ -167,13 +167,12 @@ def _slurm(environ):
             "SLURM_PROCID is set (an srun step) but none of SLURM_STEP_NUM_TASKS, SLURM_NTASKS, SLURM_NPROCS is."
         )
     seen = _seen(environ, (count_name, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"))
+    count = _int(environ, count_name)
+    local_count = _slurm_local_count(environ)
+    if local_count is None and environ.get("SLURM_STEP_NUM_NODES", "").strip() == "1":
+        local_count = count  # a one-node step: every task is on this node
     return EngineTasks(
-        "slurm",
-        _int(environ, count_name),
-        _int(environ, "SLURM_PROCID"),
-        _int(environ, "SLURM_LOCALID", required=False),
-        _slurm_local_count(environ),
-        seen,
+        "slurm", count, _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_LOCALID", required=False), local_count, seen
     )
 
 

@@ -46,6 +46,9 @@ def test_each_engine_gives_its_layout():
     slurm = engine_tasks(SRUN)
     assert (slurm.engine, slurm.num_processes, slurm.process_id, slurm.local_process_id) == ("slurm", 6, 4, 1)
     assert slurm.local_num_processes == 2 and not slurm.single_host  # node 2 of "2(x2),2"
+    one_node = {k: v for k, v in SRUN.items() if k != "SLURM_STEP_TASKS_PER_NODE"}
+    assert engine_tasks({**one_node, "SLURM_STEP_NUM_NODES": "1"}).single_host
+    assert engine_tasks(one_node).local_num_processes is None
     pmi = engine_tasks({"PMI_SIZE": "4", "PMI_RANK": "3", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"})
     assert (pmi.engine, pmi.num_processes, pmi.process_id, pmi.local_num_processes) == ("mpi", 4, 3, 2)
     pmix = engine_tasks({"PMIX_RANK": "1"})
