@@ -6,7 +6,7 @@ import re
 
 import jax
 
-from kdist.checks import MAX_FAKE_DEVICES, positive_int
+from kdist.checks import MAX_FAKE_DEVICES, positive_int, shown
 from kdist.errors import FakeDevicesError, SpecError
 from kdist.jax_internals import backends_initialized
 
@@ -109,7 +109,7 @@ def resolve_devices(devices=None):
     if devices is None:
         return jax.devices()
     if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
-        raise SpecError(f'devices must be a list of jax devices or names such as "cpu:0"; received {devices!r}.')
+        raise SpecError(f'devices must be a list of jax devices or names such as "cpu:0"; received {shown(devices)}.')
     by_name = {device_name(d): d for d in jax.devices()}
     resolved = []
     for d in _flat(devices):
@@ -119,7 +119,7 @@ def resolve_devices(devices=None):
             d = by_name[d.lower()]
         elif not isinstance(d, jax.Device):
             raise SpecError(
-                f'devices must hold jax devices or names such as "cpu:0"; received {d!r} ({type(d).__name__}).'
+                f'devices must hold jax devices or names such as "cpu:0"; received {shown(d)} ({type(d).__name__}).'
             )
         resolved.append(d)
     if not resolved:

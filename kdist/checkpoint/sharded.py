@@ -47,6 +47,7 @@ from kdist.checkpoint.reading import (
     read_arrays,
 )
 from kdist.checkpoint.restore import assign_all, load_keras_file
+from kdist.checks import shown
 from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, ModelError
 from kdist.keras_internals import is_live
 
@@ -84,7 +85,10 @@ def save_sharded(model, path, *, overwrite=False):
     require_model(model, "save_sharded")
     path = check_path(path, "save_sharded(path)")
     if not isinstance(overwrite, bool):
-        raise ArgumentTypeError(f"save_sharded: overwrite must be True or False; received overwrite={overwrite!r}.")
+        raise ArgumentTypeError(
+            "save_sharded: overwrite must be True or False; "
+            f"received overwrite={shown(overwrite)}."
+        )
     _check_target(path, overwrite)
     staging = sibling(path, "kdist-staging")
     write_checkpoint(model, staging)
@@ -176,13 +180,30 @@ def check_path(path, name):
         raise ArgumentTypeError(f"{name} must be a str or os.PathLike; received {_short(path)}.")
     text = os.fspath(path)
     if not isinstance(text, str) or not text.strip():
-        raise ArgumentError(f"{name} must be a non-empty path; received {path!r}.")
+        raise ArgumentError(f"{name} must be a non-empty path; received {shown(path)}.")
     if "\x00" in text:
-        raise ArgumentError(f"{name} contains a NUL character; received {path!r}.")
+        raise ArgumentError(f"{name} contains a NUL character; received {shown(path)}.")
     return os.path.abspath(text)
 
 
+def check_parent(path, caller):
+    """A `CheckpointError` unless `path`'s nearest existing ancestor is a directory this process can write into."""
+    parent = os.path.dirname(path)
+    while parent and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise CheckpointError(
+            f"{caller}: cannot write {path!r}: {parent!r} is a file, not a directory. Choose a path under a directory."
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CheckpointError(
+            f"{caller}: cannot write {path!r}: the directory {parent!r} is not writable by this process. "
+            "Choose a writable directory or change its permissions."
+        )
+
+
 def _check_target(path, overwrite):
+    check_parent(path, "save_sharded")
     if not os.path.lexists(path):
         return
     if not os.path.isdir(path):
@@ -282,5 +303,4 @@ def _nest(flat):
 
 
 def _short(value):
-    text = repr(value)
-    return f"{text[:80]}{'...' if len(text) > 80 else ''} ({type(value).__name__})"
+    return f"{shown(value)} ({type(value).__name__})"

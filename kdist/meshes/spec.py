@@ -14,7 +14,7 @@ import functools
 import math
 import re
 
-from kdist.checks import MAX_DEVICES, is_int
+from kdist.checks import MAX_DEVICES, is_int, shown
 from kdist.errors import SpecError
 from kdist.meshes.roles import BATCH_ROLES, ROLES, Role, role_of_name
 
@@ -92,7 +92,7 @@ class MeshSpec:
 def parse_spec(spec):
     """Parse a mesh spec string without devices. Raises SpecError naming the spec and the accepted forms."""
     if not isinstance(spec, str):
-        raise SpecError(f"A mesh spec must be a string; received {spec!r}. Use {SPEC_FORMS}.")
+        raise SpecError(f"A mesh spec must be a string; received {shown(spec)}. Use {SPEC_FORMS}.")
     text = spec.strip().lower().replace(" ", "")
     if text == "auto":
         raise SpecError(AUTO_NEEDS)
@@ -140,7 +140,7 @@ class ParallelDims:
             if role is not None and role not in ROLES:
                 raise SpecError(f"Mesh axis role {role!r} is not one of {', '.join(ROLES)} (or None).")
             if not is_int(size) or size < 1:
-                raise SpecError(f"Mesh axis sizes must be positive integers; received {size!r} for {role!r}.")
+                raise SpecError(f"Mesh axis sizes must be positive integers; received {shown(size)} for {shown(role)}.")
         roles = [r for r, _ in axes if r is not None]
         if len(set(roles)) != len(roles):
             raise SpecError(f"Mesh axes {axes} give a role to more than one axis.")
@@ -154,7 +154,7 @@ class ParallelDims:
             ):
                 raise SpecError(
                     f"Mesh spec {self.spec!r} has axes {list(self.roles_of(axes))}, so axis_names needs "
-                    f"{len(axes)} distinct names (non-empty strings); received axis_names={self.axis_names!r}."
+                    f"{len(axes)} distinct names (non-empty strings); received axis_names={shown(self.axis_names)}."
                 )
             if names == tuple(r for r, _ in axes):
                 names = None
@@ -320,6 +320,6 @@ def as_dims(mesh, num_devices=None):
     if hasattr(mesh, "axis_names") and hasattr(mesh, "shape"):
         return ParallelDims.from_device_mesh(mesh)
     raise SpecError(
-        f"A mesh must be a spec string such as '2x4', a kdist.ParallelDims or a keras.distribution.DeviceMesh; "
-        f"received {type(mesh).__name__} {mesh!r}."
+        "A mesh must be a spec string such as '2x4', a kdist.ParallelDims or a keras.distribution.DeviceMesh; "
+        f"received {type(mesh).__name__} {shown(mesh)}."
     )

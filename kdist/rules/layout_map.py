@@ -12,6 +12,7 @@ import re
 
 from keras.distribution import LayoutMap
 
+from kdist.checks import shown
 from kdist.errors import RuleError
 from kdist.meshes.layout import ELLIPSIS, check_layout, full_spec
 from kdist.meshes.spec import ParallelDims
@@ -43,7 +44,7 @@ class LayoutMapRules:
         self._regexes = {}
         for key in layout_map:
             if not isinstance(key, str):
-                raise RuleError(f"LayoutMap keys must be strings; received {key!r}.")
+                raise RuleError(f"LayoutMap keys must be strings; received {shown(key)}.")
             layout = layout_map[key]  # exact key: Keras returns that key's layout
             self.keys[key] = _axes(key, layout)
             try:

@@ -12,7 +12,7 @@ import math
 
 import keras
 
-from kdist.checks import non_negative_int
+from kdist.checks import is_int, non_negative_int, shown
 from kdist.errors import ArgumentError, ArgumentTypeError, BatchSizeError, MissingDependencyError
 from kdist.presets import build_preset
 
@@ -41,13 +41,12 @@ def global_batch_size(per_replica_batch_size, distribution=None):
     kdist.global_batch_size(16, kdist.preset("dp"))    # 128 on 8 devices
     ```
     """
-    if (
-        isinstance(per_replica_batch_size, bool)
-        or not isinstance(per_replica_batch_size, int)
-        or per_replica_batch_size < 1
-    ):
-        raise BatchSizeError(f"per_replica_batch_size must be a positive integer; received {per_replica_batch_size!r}.")
-    return per_replica_batch_size * num_replicas(distribution)
+    if not is_int(per_replica_batch_size) or per_replica_batch_size < 1:
+        raise BatchSizeError(
+            "per_replica_batch_size must be a positive integer; "
+            f"received {shown(per_replica_batch_size)}."
+        )
+    return int(per_replica_batch_size) * num_replicas(distribution)
 
 
 def check_batch_size(global_batch_size, distribution=None):
@@ -68,8 +67,11 @@ def check_batch_size(global_batch_size, distribution=None):
             replicas (or of processes, in a multi-process run); the message
             names the nearest sizes that do.
     """
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-        raise BatchSizeError(f"The global batch size must be a positive integer; received {global_batch_size!r}.")
+    if not is_int(global_batch_size) or global_batch_size < 1:
+        raise BatchSizeError(
+            f"The global batch size must be a positive integer; received {shown(global_batch_size)}."
+        )
+    global_batch_size = int(global_batch_size)
     distribution = _distribution(distribution)
     replicas = num_replicas(distribution)
     processes = _num_processes(distribution)
@@ -147,10 +149,10 @@ def make_dataset(
                 f"With drop_remainder=False the last batch has {count % batch} examples. {e}"
             ) from None
     if not (shuffle is True or shuffle is False or shuffle == "once"):
-        raise ArgumentError(f'shuffle must be False, True or "once"; received {shuffle!r}.')
+        raise ArgumentError(f'shuffle must be False, True or "once"; received {shown(shuffle)}.')
     for name, value in (("drop_remainder", drop_remainder), ("repeat", repeat)):
         if not isinstance(value, bool):
-            raise ArgumentTypeError(f"{name} must be True or False; received {value!r}.")
+            raise ArgumentTypeError(f"{name} must be True or False; received {shown(value)}.")
     if seed is not None:
         non_negative_int(seed, "seed")
     dataset = tf.data.Dataset.from_tensor_slices(data)
@@ -276,7 +278,7 @@ def _distribution(distribution):
     if not hasattr(distribution, "device_mesh"):
         raise ArgumentTypeError(
             "distribution must be a keras.distribution.Distribution, a kdist spec such as '2x4', or None for "
-            f"the one in force; received {type(distribution).__name__} {distribution!r}."
+            f"the one in force; received {type(distribution).__name__} {shown(distribution)}."
         )
     return distribution
 

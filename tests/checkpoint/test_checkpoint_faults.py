@@ -93,7 +93,7 @@ def test_corrupted_array_data_is_caught_by_the_checksums(saved, tmp_path):
         (lambda p: os.remove(p / "pytree" / "_METADATA"), ["_METADATA is missing"]),
         (lambda p: truncate(p / "pytree" / "manifest.ocdbt"), ["is unreadable"]),
         (lambda p: truncate(p / "pytree" / "_sharding"), ["is unreadable"]),
-        (lambda p: truncate(p / "kdist_checkpoint.json"), ["kdist_checkpoint.json cannot be read"]),
+        (lambda p: truncate(p / "kdist_checkpoint.json"), ["kdist_checkpoint.json is not valid JSON"]),
         (lambda p: (p / "kdist_checkpoint.json").write_text("[]"), ["is not a kdist checkpoint description"]),
         (lambda p: shutil.rmtree(p / "pytree"), ["pytree/ directory is missing"]),
     ],
