@@ -11,7 +11,6 @@ from kdist.keras_internals import layers
 from kdist.meshes.spec import ParallelDims, as_dims
 from kdist.units import itemsize
 
-
 # No accelerator holds a dimension of more elements than this; larger sizes are typos.
 MAX_DIMENSION = 2**48
 

@@ -35,10 +35,10 @@ note = "replicated"
 import json
 import pathlib
 
-from kdist import textdata
 from kdist.checks import shown
 from kdist.errors import RuleError
 from kdist.rules.rule import RuleSet
+from kdist.textdata import parse_json, parse_toml, read_text
 
 FORMATS = (".json", ".toml")
 
@@ -60,8 +60,8 @@ def load_rules(path):
     path = _path(path)
     fmt = _format(path)
     what = f"rules file {str(path)!r}"
-    text = textdata.read_text(path, what, RuleError)
-    data = textdata.parse_json(text, what, RuleError) if fmt == ".json" else textdata.parse_toml(text, what, RuleError)
+    text = read_text(path, what, RuleError)
+    data = parse_json(text, what, RuleError) if fmt == ".json" else parse_toml(text, what, RuleError)
     data = _from_toml_nulls(data) if fmt == ".toml" else data
     return RuleSet.from_dict(data, f"rules file {str(path)!r}", default_name=path.stem)
 
