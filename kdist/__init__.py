@@ -45,6 +45,7 @@ from kdist.errors import (  # noqa: E402
     RuleError,
     SizeError,
     SpecError,
+    VersionError,
 )
 from kdist.inspection import GridView, ShardingReport, grid_view, inspect  # noqa: E402
 from kdist.linting import LintReport, lint  # noqa: E402
@@ -89,6 +90,7 @@ __all__ = [
     "ShardingReport",
     "SizeError",
     "SpecError",
+    "VersionError",
     "SweepResult",
     "__version__",
     "abstract_model",

@@ -1,7 +1,9 @@
 """Every use of Keras's private API in kdist, in one place.
 
-Checked against keras 3.15.1 (the version in constraints.txt). Each function
-says what it reaches into; when Keras changes, this is the module to mend.
+Checked against keras 3.15.1 (`CHECKED`, the version in constraints.txt). Each
+function says what it reaches into, and `NEEDED` lists the private attributes,
+checked when kdist is imported: a Keras without one raises `VersionError`
+naming it. When Keras changes, this is the module to mend.
 Everything else in kdist uses Keras's public API only.
 """
 
@@ -11,12 +13,46 @@ import sys
 
 import jax
 import keras
-from keras.src.backend.common import global_state
-from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re-exported for the activation trace)
-from keras.src.backend.jax import distribution_lib as jax_distribution_lib
-from keras.src.backend.jax import nn as backend_nn
-from keras.src.models.functional import operation_fn  # noqa: F401  (re-exported for the activation trace)
-from keras.src.utils import io_utils
+
+from kdist.errors import VersionError
+
+CHECKED = "3.15.1"
+
+try:
+    from keras.src.backend.common import global_state
+    from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re-exported for the activation trace)
+    from keras.src.backend.jax import distribution_lib as jax_distribution_lib
+    from keras.src.backend.jax import nn as backend_nn
+    from keras.src.models.functional import operation_fn  # noqa: F401  (re-exported for the activation trace)
+    from keras.src.utils import io_utils
+except ImportError as e:
+    raise VersionError(
+        f"kdist uses Keras's internal module {e.name or e}, which keras {keras.__version__} lacks; kdist was checked "
+        f"against keras {CHECKED}: pip install keras=={CHECKED}."
+    ) from e
+
+# The private attributes kdist reaches, checked at import so a Keras that moved one fails here, by name.
+NEEDED = {
+    "keras.src.backend.common.global_state": (global_state, ("get_global_attribute",)),
+    "keras.src.backend.jax.distribution_lib": (jax_distribution_lib, ("distribute_tensor", "distribute_data_input")),
+    "keras.src.backend.jax.nn": (backend_nn, ("dot_product_attention",)),
+    "keras.src.utils.io_utils": (io_utils, ("print_msg",)),
+    "keras.Model": (keras.Model, ("_symbolic_build",)),
+    "keras.Variable": (keras.Variable, ("_direct_assign",)),
+}
+
+
+def check_internals(needed=NEEDED):
+    """Raise `VersionError` naming each private attribute in `needed` that this Keras lacks."""
+    missing = [f"{where}.{name}" for where, (obj, names) in needed.items() for name in names if not hasattr(obj, name)]
+    if missing:
+        raise VersionError(
+            f"keras {keras.__version__} lacks {', '.join(missing)}, which kdist uses; kdist was checked against "
+            f"keras {CHECKED}: pip install keras=={CHECKED}."
+        )
+
+
+check_internals()
 
 # --- Variables without values ------------------------------------------------------------------
 
