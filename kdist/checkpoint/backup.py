@@ -37,6 +37,7 @@ from kdist.checkpoint.sharded import (
     check_parent,
     check_path,
     move_into_place,
+    one_writer,
     require_model,
     write_checkpoint,
 )
@@ -229,10 +230,13 @@ def save_backup(model, backup_dir, *, epoch=0, batches_done=0, keep_previous=Fal
         os.makedirs(backup_dir, exist_ok=True)
         write_text(os.path.join(backup_dir, CREATED), "kdist.BackupAndRestore created this directory.\n")
     meta = {"epoch": int(epoch), "batches_done": int(batches_done)}
-    write_checkpoint(model, os.path.join(backup_dir, INCOMING), extra={"backup": meta})
-    move_into_place(
-        lambda: _rotate(backup_dir, keep_previous), "kdist_backup_saved", f"the new backup into place in {backup_dir}"
-    )
+    with one_writer(backup_dir, "save_backup"):
+        write_checkpoint(model, os.path.join(backup_dir, INCOMING), extra={"backup": meta})
+        move_into_place(
+            lambda: _rotate(backup_dir, keep_previous),
+            "kdist_backup_saved",
+            f"the new backup into place in {backup_dir}",
+        )
     return meta
 
 

@@ -21,6 +21,7 @@ so `model.load_weights(path)` (with a distribution set) reads it too, plus
 Needs the `orbax-checkpoint` package (`pip install orbax-checkpoint`).
 """
 
+import contextlib
 import json
 import os
 
@@ -28,7 +29,7 @@ import jax
 import keras
 from jax.experimental import multihost_utils
 
-from kdist.atomic import remove, replace_directory, sibling, write_text
+from kdist.atomic import exclusive, remove, replace_directory, sibling, write_text
 from kdist.checkpoint.checksums import checksums
 from kdist.checkpoint.reading import (
     CHECKPOINTABLE,
@@ -89,12 +90,14 @@ def save_sharded(model, path, *, overwrite=False):
             "save_sharded: overwrite must be True or False; "
             f"received overwrite={shown(overwrite)}."
         )
-    _check_target(path, overwrite)
-    staging = sibling(path, "kdist-staging")
-    write_checkpoint(model, staging)
-    move_into_place(
-        lambda: replace_directory(staging, path), "kdist_save_sharded", f"the new checkpoint into place at {path!r}"
-    )
+    check_parent(path, "save_sharded")
+    with one_writer(os.path.dirname(path), "save_sharded"):
+        _check_target(path, overwrite)
+        staging = sibling(path, "kdist-staging")
+        write_checkpoint(model, staging)
+        move_into_place(
+            lambda: replace_directory(staging, path), "kdist_save_sharded", f"the new checkpoint into place at {path!r}"
+        )
 
 
 def load_sharded(model, path):
@@ -186,6 +189,20 @@ def check_path(path, name):
     return os.path.abspath(text)
 
 
+@contextlib.contextmanager
+def one_writer(directory, caller):
+    """Create `directory` and, in a single-process run, hold its lock: concurrent saves there take turns."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"{caller}: cannot create the directory {directory!r}: {e.strerror or e}.") from None
+    if jax.process_count() > 1:
+        yield  # the processes of one run write together, in step through barriers
+        return
+    with exclusive(directory):
+        yield
+
+
 def check_parent(path, caller):
     """A `CheckpointError` unless `path`'s nearest existing ancestor is a directory this process can write into."""
     parent = os.path.dirname(path)
@@ -203,7 +220,6 @@ def check_parent(path, caller):
 
 
 def _check_target(path, overwrite):
-    check_parent(path, "save_sharded")
     if not os.path.lexists(path):
         return
     if not os.path.isdir(path):
