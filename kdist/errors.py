@@ -125,3 +125,10 @@ class MissingDependencyError(KdistError, ImportError):
 
     Fix: run the install command the message gives.
     """
+
+
+class KerasVersionError(KdistError, RuntimeError):
+    """The installed Keras lacks a private hook kdist needs (kdist/keras_internals.py lists them).
+
+    Fix: install the Keras version the message names (the one in constraints.txt).
+    """
