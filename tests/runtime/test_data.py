@@ -99,7 +99,7 @@ def test_arrays_for_a_multi_process_fit_are_refused_by_keras_distributions_only(
     x, y = arrays
     with pytest.raises(
         kdist.BatchSizeError,
-        match=r"2 processes, and fit\(\) under SimpleNamespace then needs a batched tf.data.Dataset .* received ndarray",
+        match=r"2 processes, and fit\(\) under SimpleNamespace then needs a batched tf.data.Dataset .* ndarray",
     ):
         kdist.check_fit_inputs(x, _two_processes(2))
     assert kdist.check_fit_inputs(x, kdist.preset("dp")) is x  # one process: arrays are fine
