@@ -50,7 +50,7 @@ def fake_devices(n):
     n = positive_int(n, "fake_devices(n)", maximum=MAX_FAKE_DEVICES)
     n = _per_process_count_of_job(n)
     if backends_initialized():
-        have, platform = jax.device_count(), jax.devices()[0].platform
+        have, platform = jax.local_device_count(), jax.local_devices()[0].platform  # this process's, as n is
         if have == n and platform == "cpu":
             return
         raise FakeDevicesError(

@@ -1,26 +1,35 @@
 """Numpy inputs in multi-process runs: 2 launched processes x 4 fake CPU devices against 8 devices in this process.
 
-Two launches (about 15 s each on 2 cores): the README's first example,
-verbatim, and `launch_scripts/numpy_inputs.py` (fit, evaluate, predict,
-own-rows inputs, processes passing different data).
+Two launches (about 15-25 s each on 2 shared cores): the README's first
+example, verbatim, and `launch_scripts/numpy_inputs.py` (fit, evaluate,
+predict, own-rows inputs, processes passing different data); and the README
+example under `mpirun -n 2` where Open MPI is installed (about 30 s).
 """
 
+import contextlib
 import io
 import json
+import os
 import re
 import runpy
+import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import kdist
-from kdist.cluster.launcher import is_gloo_noise
+from kdist.cluster.launcher import free_port, is_gloo_noise
 from tests.launch_scripts import numpy_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "launch_scripts"
 README_SCRIPT = SCRIPTS / "readme.py"
+MPI_SCRIPT = SCRIPTS / "mpi_readme.py"
+MPIRUN = shutil.which("mpirun")
 PRINT_LOSSES = (  # the README example as `python readme.py` runs it, then its losses
     "import runpy; ns = runpy.run_path('readme.py', run_name='__main__'); "
     "print('LOSSES', ns['model'].history.history['loss'])"
@@ -58,15 +67,44 @@ def readme_run():
     return _launch(["-c", PRINT_LOSSES])
 
 
-def test_the_readme_example_trains_as_two_processes_with_the_losses_of_one(readme_run, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def readme_alone():
+    """The README example's losses in this process, on 8 devices."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return runpy.run_path(str(README_SCRIPT), run_name="__main__")["model"].history.history["loss"]
+
+
+def _losses(lines):
+    return [json.loads(tagged[-1].replace("'", '"')) for tagged in lines]
+
+
+def test_the_readme_example_trains_as_two_processes_with_the_losses_of_one(readme_run, readme_alone):
     result, terminal = readme_run
-    launched = [json.loads(lines[-1].replace("'", '"')) for lines in _tagged(result, "LOSSES")]
-    monkeypatch.chdir(SCRIPTS)
-    alone = runpy.run_path(str(README_SCRIPT), run_name="__main__")["model"].history.history["loss"]  # 8 devices here
-    capsys.readouterr()
-    assert len(alone) == 1 and launched[0] == launched[1]
-    np.testing.assert_allclose(launched[0], alone, rtol=1e-6)
+    launched = _losses(_tagged(result, "LOSSES"))
+    assert len(readme_alone) == 1 and launched[0] == launched[1]
+    np.testing.assert_allclose(launched[0], readme_alone, rtol=1e-6)
     assert "Memory per device (mesh data=2, model=4)" in terminal
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="Open MPI's mpirun is not installed")
+def test_the_readme_example_under_mpirun_has_the_losses_of_one_process(readme_alone):
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "KDIST_FAKE_DEVICES")}
+    env.update(KDIST_FAKE_DEVICES="4", KDIST_TEST_COORDINATOR=f"127.0.0.1:{free_port()}", PYTHONPATH=str(ROOT))
+    command = [MPIRUN, "-n", "2", "--allow-run-as-root", "--oversubscribe", sys.executable, str(MPI_SCRIPT)]
+    with subprocess.Popen(
+        command, env=env, cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    ) as proc:
+        try:
+            output, _ = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            pytest.fail("mpirun -n 2 did not end within 240 s:\n" + output.decode(errors="replace")[-3000:])
+    text = output.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    launched = _losses([[line[len("LOSSES") :]] for line in text.splitlines() if line.startswith("LOSSES")])
+    assert len(launched) == 2 and launched[0] == launched[1], text[-3000:]
+    np.testing.assert_allclose(launched[0], readme_alone, rtol=1e-6)
 
 
 def test_the_launcher_shows_no_gloo_lines(readme_run):
