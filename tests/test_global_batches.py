@@ -18,11 +18,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 import kdist
 from kdist.cluster.launcher import free_port, is_gloo_noise
+from kdist.global_batches import check_same_in_every_process, gather_outputs
 from tests.launch_scripts import numpy_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,3 +156,50 @@ def test_processes_passing_different_data_get_a_kdist_error_in_every_process(num
         assert got["mismatch"].startswith("ArgumentError: The processes of this run passed different input data")
         assert "differs between process 0 and process(es) [1]" in got["mismatch"]
         assert "keras.utils.set_random_seed" in got["mismatch"] and "auto_shard_dataset=False" in got["mismatch"]
+
+
+# --- In this process (one process, 8 devices) ---------------------------------------------------------
+
+
+def _keras_trainer():
+    from keras.src.backend.jax.trainer import JAXTrainer  # a private Keras class, for this test only
+
+    return JAXTrainer
+
+
+def _keras_distribution_lib():
+    from keras.src.backend.jax import distribution_lib  # a private Keras module, for this test only
+
+    return distribution_lib
+
+
+@pytest.mark.parametrize(
+    "owner, where, name",
+    [
+        (_keras_distribution_lib, "keras.src.backend.jax.distribution_lib", "distribute_data_input"),
+        (_keras_trainer, "keras.src.backend.jax.trainer.JAXTrainer", "make_predict_function"),
+    ],
+)
+def test_a_keras_without_the_hooks_kdist_needs_gets_a_kdist_error_naming_the_versions(monkeypatch, owner, where, name):
+    import keras
+
+    monkeypatch.delattr(owner(), name)
+    with pytest.raises(
+        kdist.KerasVersionError,
+        match=rf"needs Keras's {re.escape(where)}\.{name}, which keras {re.escape(keras.__version__)} does not "
+        r"have; kdist was checked with keras 3\.15\.1",
+    ):
+        kdist.preset("dp")
+
+
+def test_one_process_lays_out_batches_as_keras_does_and_predicts_whole_outputs():
+    dist = kdist.preset("2x4")
+    x = np.random.default_rng(0).random((16, 28, 28, 1), dtype=np.float32)
+    with dist.scope():
+        model = kdist.models.mnist_mlp()
+        predicted = model.predict(x, batch_size=8, verbose=0)
+        assert isinstance(predicted, np.ndarray) and predicted.shape == (16, 10)
+        np.testing.assert_allclose(model.predict_on_batch(x), predicted, rtol=1e-5, atol=1e-6)
+    check_same_in_every_process(x)  # one process: nothing to differ from
+    array = jax.device_put(x, dist.get_data_layout(x.shape).backend_layout)
+    assert gather_outputs({"out": array})["out"] is array  # fully addressable: left alone
