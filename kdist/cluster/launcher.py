@@ -123,10 +123,10 @@ def launch(
     and the coordinator address (127.0.0.1 and a free port unless given; the
     coordinator listens there only). Output lines are prefixed with
     "[rank N] "; the CPU collectives' "[Gloo] Rank N is connected to ..."
-    lines are dropped (KDIST_SHOW_GLOO=1 keeps them). When a process fails (an exception, a non-zero exit, a
-    signal) or hangs, the others and everything they started are stopped
-    (SIGTERM, SIGKILL after `grace_period` seconds); Ctrl-C or SIGTERM to the
-    launcher stops them all too.
+    lines are dropped (KDIST_SHOW_GLOO=1 keeps them). When a process fails
+    (an exception, a non-zero exit, a signal) or hangs, the others and
+    everything they started are stopped (SIGTERM, SIGKILL after
+    `grace_period` seconds); Ctrl-C or SIGTERM to the launcher stops them all too.
 
     Example:
 
