@@ -23,6 +23,7 @@ try:
     from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re-exported for the activation trace)
     from keras.src.backend.jax import distribution_lib as jax_distribution_lib
     from keras.src.backend.jax import nn as backend_nn
+    from keras.src.backend.jax.trainer import JAXTrainer
     from keras.src.models.functional import operation_fn  # noqa: F401  (re-exported for the activation trace)
     from keras.src.utils import io_utils
 except ImportError as e:
@@ -37,6 +38,7 @@ NEEDED = {
     "keras.src.backend.jax.distribution_lib": (jax_distribution_lib, ("distribute_tensor", "distribute_data_input")),
     "keras.src.backend.jax.nn": (backend_nn, ("dot_product_attention",)),
     "keras.src.utils.io_utils": (io_utils, ("print_msg",)),
+    "keras.src.backend.jax.trainer.JAXTrainer": (JAXTrainer, ("make_predict_function",)),
     "keras.Model": (keras.Model, ("_symbolic_build",)),
     "keras.Variable": (keras.Variable, ("_direct_assign",)),
 }
@@ -315,25 +317,75 @@ def commit_arrays_to(layout_type):
     jax_distribution_lib.distribute_tensor = distribute_tensor
 
 
-# --- Input batches --------------------------------------------------------------------------------
+# --- Input batches and predictions ---------------------------------------------------------------
 
 
-def check_batches_with(check):
-    """Call `check(per_process_batch)` before Keras lays out each input batch on the mesh.
+def lay_out_batches_with(lay_out):
+    """Let `lay_out(per_process_batch, layout, keras_lay_out)` make the global array of every input batch.
 
-    Keras computes a batch's layout once per epoch, from the first batch, and
-    hands every later one (a smaller last batch included) straight to jax, so
-    a distribution cannot see them. This wraps Keras's
-    `backend.jax.distribution_lib.distribute_data_input`, which every batch of
-    fit/evaluate/predict (and keras-hub's generate) goes through; once.
+    Replaces Keras's `backend.jax.distribution_lib.distribute_data_input`,
+    the one function through which the JAX trainer puts every batch of
+    fit/evaluate/predict (the `*_on_batch` methods and keras-hub's generate
+    too) on the mesh, whatever adapter read it (arrays, tf.data, PyDataset,
+    generators); once. `keras_lay_out(per_process_batch, layout)` is Keras's
+    own (each process's batch is its slice of the global one). Keras computes a
+    batch's layout once per epoch from the first batch and hands every later
+    one straight here, so this is also the one place every batch can be checked.
+    Checked against keras 3.15.1 and Keras's main branch of August 2026, which
+    both call it by module attribute for every batch (main moves dataset
+    sharding into the data adapters; this function stays).
     """
-    original = jax_distribution_lib.distribute_data_input
-    if getattr(original, "_kdist_check", None) is not None:
+    original = _required(jax_distribution_lib, "distribute_data_input", "keras.src.backend.jax.distribution_lib")
+    if getattr(original, "_kdist_lay_out", None) is not None:
         return
 
     def distribute_data_input(per_process_batch, layout, batch_dim_name):
-        check(per_process_batch)
-        return original(per_process_batch, layout, batch_dim_name)
+        def keras_lay_out(batch, batch_layout):
+            return original(batch, batch_layout, batch_dim_name)
 
-    distribute_data_input._kdist_check = check
+        return lay_out(per_process_batch, layout, keras_lay_out)
+
+    distribute_data_input._kdist_lay_out = lay_out
     jax_distribution_lib.distribute_data_input = distribute_data_input
+
+
+def gather_predictions_with(gather):
+    """Pass every batch of `predict` / `predict_on_batch` outputs through `gather(outputs)` before Keras reads it.
+
+    Keras's JAX trainer turns each batch's outputs into numpy (`np.concatenate`,
+    `np.array`), which fails for an array spread over several processes. This
+    wraps `JAXTrainer.make_predict_function` so that the `predict_function` it
+    sets (a model attribute Keras calls as `predict_function(state, iterator)`
+    -> `(outputs, state)`) returns `gather(outputs)`; once.
+    """
+    original = _required(JAXTrainer, "make_predict_function", "keras.src.backend.jax.trainer.JAXTrainer")
+    if getattr(original, "_kdist_gather", None) is not None:
+        return
+
+    def make_predict_function(self, force=False):
+        original(self, force)
+        made = self.predict_function  # Keras sets it (and returns it only when it was already made)
+        if getattr(made, "_kdist_gathers", False):
+            return made
+
+        def predict_function(state, iterator):
+            outputs, state = made(state, iterator)
+            return gather(outputs), state
+
+        predict_function._kdist_gathers = True
+        self.predict_function = predict_function
+        return predict_function
+
+    make_predict_function._kdist_gather = gather
+    JAXTrainer.make_predict_function = make_predict_function
+
+
+def _required(owner, name, where):
+    """`owner.name`, or a VersionError naming the installed Keras and the version kdist was checked with."""
+    found = getattr(owner, name, None)
+    if found is None:
+        raise VersionError(
+            f"kdist needs Keras's {where}.{name}, which keras {keras.__version__} does not have; kdist was "
+            f"checked with keras {CHECKED} (pip install -c constraints.txt keras=={CHECKED})."
+        )
+    return found

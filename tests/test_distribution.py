@@ -61,18 +61,26 @@ def test_generate_with_one_prompt_on_a_data_axis_names_the_fix():
         assert lm.generate(two, stop_token_ids=None)["token_ids"].shape == (2, 8)
 
 
-def test_a_dataset_sharded_over_processes_keeps_its_number_of_batches():
-    tf = pytest.importorskip("tensorflow")
+def test_keras_shards_no_inputs_of_a_kdist_distribution_and_the_users_choice_stays_visible():
+    pytest.importorskip("tensorflow")
+    from keras.src.trainers.data_adapters import get_data_adapter  # what fit() calls first
+
     dist = kdist.preset("2x4")
+    assert (dist.shard_inputs, dist.auto_shard_dataset) == (True, False)  # kdist gives each process its rows
     dist._num_processes, dist._process_id, dist._is_multi_process = 2, 1, True  # as process 1 of 2 sees it
     dataset = kdist.make_dataset(
         np.zeros((96, 3), np.float32), np.zeros(96, np.int32), global_batch_size=32, distribution=dist
     )
-    sharded = dist.distribute_dataset(dataset)
-    assert int(sharded.cardinality()) == 3  # Keras knows the epoch's length: no "ran out of data" warning
-    assert [x.shape[0] for x, _ in sharded] == [16, 16, 16]
-    plain = super(kdist.ShardedDistribution, dist).distribute_tf_dataset(dataset)
-    assert int(plain.cardinality()) == tf.data.UNKNOWN_CARDINALITY  # what Keras alone gives
+    assert dist.distribute_dataset(dataset) is dataset  # global batches, a known number of them
+    with dist.scope():  # Keras's own distributions refuse arrays here ("must be a tf.data.Dataset")
+        assert get_data_adapter(np.zeros((96, 3)), np.zeros(96), batch_size=32).num_batches == 3
+    dist.auto_shard_dataset = False  # Keras's spelling of "each process passes its own rows"
+    assert (dist.shard_inputs, dist.auto_shard_dataset) == (False, False)
+    assert "auto_shard_dataset=False" in repr(dist)
+    with pytest.raises(kdist.ArgumentTypeError, match="auto_shard_dataset must be True or False; received 'no'"):
+        dist.auto_shard_dataset = "no"
+    with pytest.raises(kdist.ArgumentTypeError, match="auto_shard_dataset must be True or False; received 1"):
+        kdist.ShardedDistribution(kdist.mesh("2x4"), auto_shard_dataset=1)
 
 
 def test_the_data_helpers_without_tensorflow_name_the_extra(monkeypatch):
