@@ -6,6 +6,7 @@ from keras.distribution import DeviceMesh, LayoutMap, ModelParallel, TensorLayou
 
 from kdist.errors import ArgumentTypeError, BatchSizeError
 from kdist.keras_internals import check_batches_with, commit_arrays_to, own_layout
+from kdist.meshes.batching import batch_split
 from kdist.meshes.spec import ParallelDims
 from kdist.rules.placement import Placement
 from kdist.rules.placer import FSDP_MIN_SIZE
@@ -98,17 +99,35 @@ class ShardedDistribution(ModelParallel):
     def get_data_layout(self, data_shape):
         """The batch's layout: its first dimension split over the data and fsdp axes.
 
+        A batch of any size works in a single-process run: one the batch
+        shards do not divide (a single prompt, a short last batch) is split
+        over the batch axes that divide it and replicated over the others
+        (`kdist.meshes.batching`): the same examples and results as one
+        device, at the cost of repeating that batch's compute on the
+        replicated axes. Keras lays out later batches with the first batch's
+        layout; kdist re-lays out each batch whose size needs another.
+
         Raises:
-            BatchSizeError: the batch does not divide over those axes (jax
-                would raise IndivisibleError): the message names the batch size,
-                the axes and the sizes that would work.
+            BatchSizeError: in a multi-process run, the batch does not divide
+                over those axes (each process holds only its share, so it
+                cannot be replicated): the message names the batch size, the
+                axes and the sizes that would work.
         """
         axes = [None] * len(data_shape)
         batch = self.dims.batch_axes
         if batch and axes:
-            axes[0] = batch[0] if len(batch) == 1 else batch
-            self._check_batch(data_shape[0])
+            split = self._batch_split(data_shape[0])
+            axes[0] = (split[0] if len(split) == 1 else split) if split else None
         return MultiAxisLayout(axes, self.device_mesh)
+
+    def _batch_split(self, size):
+        """The batch axes a batch of `size` examples is split over (see `get_data_layout`)."""
+        batch = self.dims.batch_axes
+        if not isinstance(size, int) or size % self.dims.num_batch_shards == 0:
+            return batch
+        if jax.process_count() > 1:
+            self._check_batch(size)
+        return batch_split(size, {a: self.dims.axis_sizes[a] for a in batch})
 
     def _check_batch(self, size):
         shards = self.dims.num_batch_shards
@@ -118,10 +137,11 @@ class ShardedDistribution(ModelParallel):
         spec = f"kdist.preset({self.spec!r})" if self.spec else "this distribution"
         raise BatchSizeError(
             f"A batch of {size} example(s) does not divide over the {shards} batch shards of {spec} ({axes}), "
-            f"so jax cannot split it. Use batches that are multiples of {shards} (e.g. {-(-size // shards) * shards}): "
-            "for fit/evaluate, a batch_size and a number of examples that divide; for predict and generate, pad the "
-            f"inputs to a multiple of {shards} and drop the extra outputs; or use a mesh whose batch axes divide "
-            "it (a model-parallel mesh such as 'tp' splits no batch)."
+            f"so jax cannot split it, and in a run of {jax.process_count()} processes each process holds only its "
+            f"share, so kdist cannot lay it out whole either. Use batches that are multiples of {shards} (e.g. "
+            f"{-(-size // shards) * shards}): for fit/evaluate, a batch_size and a number of examples that divide; "
+            f"for predict and generate, pad the inputs to a multiple of {shards} and drop the extra outputs; or use "
+            "a mesh whose batch axes divide it (a model-parallel mesh such as 'tp' splits no batch)."
         )
 
     def distribute_tf_dataset(self, dataset):
@@ -190,9 +210,21 @@ def layout_axes(layout):
     return tuple(getattr(layout, "spec", ()))
 
 
-def _check_current_batch(per_process_batch):
-    """Every input batch Keras lays out under a kdist distribution divides its batch axes (else a kdist error)."""
+def _check_current_batch(per_process_batch, layout):
+    """The layout of each input batch Keras lays out under a kdist distribution, when its size needs another.
+
+    Keras reuses the first batch's layout for every batch; a batch of another
+    size (a short last one) gets the layout `get_data_layout` gives its size.
+    In a multi-process run, a batch that does not divide the batch axes is a
+    kdist error.
+    """
     distribution = keras.distribution.distribution()
     shape = getattr(per_process_batch, "shape", ())
-    if isinstance(distribution, ShardedDistribution) and shape and distribution.dims.batch_axes:
+    if not (isinstance(distribution, ShardedDistribution) and shape and distribution.dims.batch_axes):
+        return None
+    if jax.process_count() > 1:
         distribution._check_batch(int(shape[0]) * jax.process_count())
+        return None
+    wanted = distribution.get_data_layout(tuple(int(d) for d in shape)).backend_layout
+    given = getattr(layout, "backend_layout", layout)
+    return None if getattr(given, "spec", None) == wanted.spec else wanted

@@ -283,20 +283,21 @@ def commit_arrays_to(layout_type):
 
 
 def check_batches_with(check):
-    """Call `check(per_process_batch)` before Keras lays out each input batch on the mesh.
+    """Call `check(per_process_batch, layout)` before Keras lays out each input batch on the mesh.
 
     Keras computes a batch's layout once per epoch, from the first batch, and
     hands every later one (a smaller last batch included) straight to jax, so
     a distribution cannot see them. This wraps Keras's
     `backend.jax.distribution_lib.distribute_data_input`, which every batch of
-    fit/evaluate/predict (and keras-hub's generate) goes through; once.
+    fit/evaluate/predict goes through; once. `check` may raise, or return
+    the layout to use instead of Keras's (None keeps Keras's).
     """
     original = jax_distribution_lib.distribute_data_input
     if getattr(original, "_kdist_check", None) is not None:
         return
 
     def distribute_data_input(per_process_batch, layout, batch_dim_name):
-        check(per_process_batch)
+        layout = check(per_process_batch, layout) or layout
         return original(per_process_batch, layout, batch_dim_name)
 
     distribute_data_input._kdist_check = check
