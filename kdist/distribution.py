@@ -225,6 +225,8 @@ def _check_current_batch(per_process_batch, layout):
     if jax.process_count() > 1:
         distribution._check_batch(int(shape[0]) * jax.process_count())
         return None
-    wanted = distribution.get_data_layout(tuple(int(d) for d in shape)).backend_layout
-    given = getattr(layout, "backend_layout", layout)
-    return None if getattr(given, "spec", None) == wanted.spec else wanted
+    split = distribution._batch_split(int(shape[0]))
+    given = tuple(getattr(getattr(layout, "backend_layout", layout), "spec", None) or ())
+    if given[:1] == ((split[0] if len(split) == 1 else split) or None,):
+        return None  # the usual case, checked without building a layout
+    return distribution.get_data_layout(tuple(int(d) for d in shape)).backend_layout
