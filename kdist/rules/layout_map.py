@@ -162,8 +162,8 @@ def _dropped_reason(written, spec, dims):
     dropped = [a for entry in written for a in dim_axes(entry) if dims.bind(a) is None and a not in kept]
     if not dropped:
         return ""
-    names = ", ".join(repr(a) for a in dict.fromkeys(dropped))
-    return f"the mesh ({dims.describe()}) has no {names} axis: replicated along it"
+    names = " or ".join(repr(a) for a in dict.fromkeys(dropped))
+    return f"the mesh ({dims.describe()}) has no axis for {names}: the map's layout drops it"
 
 
 def _axes(key, layout):

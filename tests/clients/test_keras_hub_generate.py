@@ -60,12 +60,14 @@ def test_generate_with_1_2_and_3_prompts_under_every_preset_equals_one_device():
             np.testing.assert_array_equal(got[n], expected[n], err_msg=f"{spec}, {n} prompt(s)")
 
 
-def test_gemma_with_keras_hubs_own_map_generates_one_prompt_on_2x4():
+def test_gemma_with_keras_hubs_own_map_generates_one_prompt_under_every_preset():
     # The keras-hub tutorial's flow: the backbone's own LayoutMap (axes "batch" and "model"), one prompt.
     keras_mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), keras.distribution.list_devices())
     layout_map = keras_hub.models.GemmaBackbone.get_layout_map(keras_mesh)
     expected = generated(gemma, None, counts=(1,))
-    distribution = kdist.preset("2x4", rules=layout_map)
-    got = generated(gemma, distribution, counts=(1,))
-    np.testing.assert_array_equal(got[1], expected[1])
-    assert distribution.placements["token_embedding/embeddings"].axes == ("model", "data")  # the map's layout
+    embedding = {"2x4": ("model", "data"), "2x2x2": ("model", "data"), "dp": (None, "data"), "fsdp": ("fsdp", None)}
+    for spec, axes in embedding.items():
+        distribution = kdist.preset(spec, rules=layout_map)
+        got = generated(gemma, distribution, counts=(1,))
+        np.testing.assert_array_equal(got[1], expected[1], err_msg=spec)
+        assert distribution.placements["token_embedding/embeddings"].axes == axes, spec  # the map, read on spec
