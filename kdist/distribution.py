@@ -7,6 +7,7 @@ from keras.distribution import DeviceMesh, LayoutMap, ModelParallel, TensorLayou
 from kdist.errors import ArgumentTypeError, BatchSizeError
 from kdist.global_batches import gather_outputs, lay_out_global_batch
 from kdist.keras_internals import commit_arrays_to, gather_predictions_with, lay_out_batches_with, own_layout
+from kdist.meshes.batching import batch_split
 from kdist.meshes.spec import ParallelDims
 from kdist.rules.placement import Placement
 from kdist.rules.placer import FSDP_MIN_SIZE
@@ -124,17 +125,26 @@ class ShardedDistribution(ModelParallel):
     def get_data_layout(self, data_shape):
         """The batch's layout: its first dimension split over the data and fsdp axes.
 
+        A batch of any size works in a single-process run: one the batch
+        shards do not divide (a single prompt, a short last batch) is split
+        over the batch axes that divide it and replicated over the others
+        (`kdist.meshes.batching`): the same examples and results as one
+        device, at the cost of repeating that batch's compute on the
+        replicated axes. Keras lays out later batches with the first batch's
+        layout; kdist re-lays out each batch whose size needs another.
+
         Raises:
-            BatchSizeError: the batch does not divide over those axes (jax
-                would raise IndivisibleError): the message names the batch size,
-                the axes and the sizes that would work.
+            BatchSizeError: in a multi-process run, the batch does not divide
+                over those axes (each process holds only its share, so it
+                cannot be replicated): the message names the batch size, the
+                axes and the sizes that would work.
         """
         self._verify_next_batch = True  # Keras asks once per epoch, for the first batch
         axes = [None] * len(data_shape)
         batch = self.dims.batch_axes
         if batch and axes:
-            axes[0] = batch[0] if len(batch) == 1 else batch
-            self._check_batch(self._global_batch_size(data_shape[0]))
+            split = self._batch_split(self._global_batch_size(data_shape[0]))
+            axes[0] = (split[0] if len(split) == 1 else split) if split else None
         return MultiAxisLayout(axes, self.device_mesh)
 
     def _global_batch_size(self, size):
@@ -142,6 +152,15 @@ class ShardedDistribution(ModelParallel):
         if self.shard_inputs or not isinstance(size, int):
             return size
         return size * jax.process_count()
+
+    def _batch_split(self, size):
+        """The batch axes a global batch of `size` examples is split over (see `get_data_layout`)."""
+        batch = self.dims.batch_axes
+        if not isinstance(size, int) or size % self.dims.num_batch_shards == 0:
+            return batch
+        if jax.process_count() > 1:
+            self._check_batch(size)
+        return batch_split(size, {a: self.dims.axis_sizes[a] for a in batch})
 
     def _check_batch(self, size):
         shards = self.dims.num_batch_shards
@@ -151,10 +170,11 @@ class ShardedDistribution(ModelParallel):
         spec = f"kdist.preset({self.spec!r})" if self.spec else "this distribution"
         raise BatchSizeError(
             f"A batch of {size} example(s) does not divide over the {shards} batch shards of {spec} ({axes}), "
-            f"so jax cannot split it. Use batches that are multiples of {shards} (e.g. {-(-size // shards) * shards}): "
-            "for fit/evaluate, a batch_size and a number of examples that divide; for predict and generate, pad the "
-            f"inputs to a multiple of {shards} and drop the extra outputs; or use a mesh whose batch axes divide "
-            "it (a model-parallel mesh such as 'tp' splits no batch)."
+            f"so jax cannot split it, and in a run of {jax.process_count()} processes each process holds only its "
+            f"share, so kdist cannot lay it out whole either. Use batches that are multiples of {shards} (e.g. "
+            f"{-(-size // shards) * shards}): for fit/evaluate, a batch_size and a number of examples that divide; "
+            f"for predict and generate, pad the inputs to a multiple of {shards} and drop the extra outputs; or use "
+            "a mesh whose batch axes divide it (a model-parallel mesh such as 'tp' splits no batch)."
         )
 
     def distribute_input(self, batch, layout, keras_lay_out):
@@ -163,8 +183,9 @@ class ShardedDistribution(ModelParallel):
         In one process, or with `shard_inputs` False (each process passes its
         own rows), Keras's own layout; otherwise each process passes the whole
         global batch and supplies its devices' rows of it. Checks that the batch
-        divides over the batch axes, and on the first batch of each epoch that
-        every process passed the same data.
+        divides over the batch axes (a single-process batch that does not is
+        laid out as `get_data_layout` says), and on the first batch of each
+        epoch that every process passed the same data.
 
         Raises:
             BatchSizeError: the global batch does not divide over the batch axes.
@@ -172,11 +193,22 @@ class ShardedDistribution(ModelParallel):
         """
         shape = getattr(batch, "shape", ())
         if shape and self.dims.batch_axes:
-            self._check_batch(self._global_batch_size(int(shape[0])))
+            layout = self._layout_for(tuple(int(d) for d in shape), layout)
         if jax.process_count() == 1 or not self.shard_inputs:
             return keras_lay_out(batch, layout)
         verify, self._verify_next_batch = self._verify_next_batch, False
         return lay_out_global_batch(batch, layout, verify)
+
+    def _layout_for(self, shape, layout):
+        """Keras's `layout` for a batch of `shape`, or the one its size needs (Keras reuses the first batch's)."""
+        size = self._global_batch_size(shape[0])
+        split = self._batch_split(size)  # in a multi-process run, a BatchSizeError unless it divides
+        given = tuple(getattr(getattr(layout, "backend_layout", layout), "spec", None) or ())
+        if given[:1] == ((split[0] if len(split) == 1 else split) or None,):
+            return layout  # the usual case, checked without building a layout
+        axes = [None] * len(shape)
+        axes[0] = (split[0] if len(split) == 1 else split) if split else None
+        return MultiAxisLayout(axes, self.device_mesh).backend_layout
 
     def get_variable_layout(self, variable):
         layout = own_layout(variable)

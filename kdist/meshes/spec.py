@@ -231,6 +231,32 @@ class ParallelDims:
             return axis
         return self.name_of(role_of_name(axis) or axis)
 
+    def bind_spec(self, spec):
+        """A layout's axis names as this mesh's axes: the one place a layout's names are resolved.
+
+        Each name that is a mesh axis stays; a role name or Keras's "batch"
+        (the data role: Keras's `DataParallel`, `ModelParallel` examples and
+        keras-hub's `get_layout_map` call the data axis "batch") becomes the
+        axis playing that role, or None when no axis plays it (nothing to
+        split over); any other name is kept, for the caller to report.
+
+        >>> ParallelDims.parse("2x4", 8).bind_spec(("model", "batch"))
+        ('model', 'data')
+        >>> ParallelDims.parse("fsdp", 8).bind_spec(("model", None))
+        (None, None)
+        """
+        return tuple(self._bind_entry(entry) for entry in spec)
+
+    def _bind_entry(self, entry):
+        if entry is None:
+            return None
+        if isinstance(entry, (tuple, list)):
+            bound = [b for b in (self._bind_entry(a) for a in entry) if b is not None]
+            return None if not bound else bound[0] if len(bound) == 1 else tuple(bound)
+        if entry in self.axis_sizes or role_of_name(entry) is None:
+            return entry
+        return self.name_of(role_of_name(entry))
+
     # --- What is enabled --------------------------------------------------------------------------
 
     @property

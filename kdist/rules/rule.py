@@ -112,20 +112,14 @@ class Rule:
 
     def bind(self, layout, dims):
         """`layout`'s axes as mesh axis names of `dims`; roles the mesh lacks bind to None (replicated)."""
-        bound = []
-        for axis in layout:
-            if axis is None or axis == ELLIPSIS:
-                bound.append(axis)
-            elif dims.bind(axis) is not None:
-                bound.append(dims.bind(axis))
-            elif axis in ROLES:
-                bound.append(None)  # the mesh has no such role: nothing to shard over
-            else:
+        bound = dims.bind_spec(layout)  # a role the mesh lacks binds to None: nothing to shard over
+        for axis in bound:
+            if axis is not None and axis != ELLIPSIS and axis not in dims.axis_sizes:
                 raise RuleError(
                     f"Rule {self.pattern!r} uses axis {axis!r}, which is neither a role "
                     f"({', '.join(ROLES)}) nor an axis of the mesh ({', '.join(dims.names)})."
                 )
-        return tuple(bound)
+        return bound
 
     def place(self, path, shape, dims, placed=None):
         """The `Placement` this rule gives a variable of `shape` at `path` on mesh `dims`.
