@@ -16,6 +16,7 @@ from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re
 from keras.src.backend.jax import distribution_lib as jax_distribution_lib
 from keras.src.backend.jax import nn as backend_nn
 from keras.src.models.functional import operation_fn  # noqa: F401  (re-exported for the activation trace)
+from keras.src.saving import saving_lib
 from keras.src.utils import io_utils
 
 # --- Variables without values ------------------------------------------------------------------
@@ -301,3 +302,63 @@ def check_batches_with(check):
 
     distribute_data_input._kdist_check = check
     jax_distribution_lib.distribute_data_input = distribute_data_input
+
+
+# --- Loading weights into their shards --------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def intercepted_weight_loads(wrap_dataset, stage):
+    """Inside the block, Keras's weight loading hands each HDF5 dataset to `stage` instead of reading it.
+
+    Keras's `load_weights` (and keras-hub's `from_preset`, which calls it)
+    walks the model and, per layer, calls `variable.assign(store[str(i)])`,
+    where `saving.saving_lib.H5IOStore.__getitem__` reads the whole dataset
+    into host memory. Here `__getitem__` returns `wrap_dataset(dataset, dtype)`
+    (the h5py dataset, after Keras's own safety checks, and "bfloat16" when
+    Keras stored it as such, else None) without reading it, and
+    `keras.Variable.assign(variable, value)` calls `stage(variable, value)`;
+    when it returns False, the real `assign` runs. Checked against keras 3.15.1.
+    """
+    store = saving_lib.H5IOStore
+    variable_class = keras.Variable
+    had_own_assign = "assign" in vars(variable_class)
+    original_assign = variable_class.assign
+    original_getitem = store.__getitem__
+
+    def getitem(self, key):
+        dataset = saving_lib.safe_get_h5_dataset(self._h5_entry_group, key)
+        dtype = "bfloat16" if dataset.attrs.get("dtype") == "bfloat16" else None
+        return wrap_dataset(dataset, dtype)
+
+    def assign(variable, value):
+        if stage(variable, value):
+            return value
+        return original_assign(variable, value)
+
+    store.__getitem__ = getitem
+    variable_class.assign = assign
+    try:
+        yield
+    finally:
+        store.__getitem__ = original_getitem
+        if had_own_assign:
+            variable_class.assign = original_assign
+        else:
+            del variable_class.assign
+
+
+def is_deferred(variable):
+    """Whether a variable was made under `deferred()` and has no value yet (`_value`, `_initializer`)."""
+    return getattr(variable, "_value", None) is None and getattr(variable, "_initializer", None) is not None
+
+
+def materialize(variable, layout, value):
+    """Give a deferred (or live) variable its array and layout; a deferred one forgets its initializer."""
+    variable._initializer = None
+    set_array(variable, layout, value)
+
+
+def initialize_deferred(variable):
+    """Run a deferred variable's initializer now, under the current distribution (`_deferred_initialize`)."""
+    variable._deferred_initialize()
