@@ -32,6 +32,8 @@ from kdist.keras_internals import deferred, initialize_deferred, intercepted_wei
 
 PRESET_CONFIG = "config.json"
 PRESET_WEIGHTS = ("model.weights.h5", "model.weights.json")  # one file, or keras-hub's sharded weights
+TASK_WEIGHTS = "task.weights.h5"
+BACKBONE_KWARGS = ("dtype", "image_shape")  # what keras-hub forwards from a task's from_preset to its backbone
 KERAS_CONFIG = "config.json"
 ACCEPTED = (
     "a keras-hub preset directory (config.json and model.weights.h5, as save_to_preset writes), a .keras file, "
@@ -163,30 +165,52 @@ def _require(model, kind, path):
 # --- Loads ------------------------------------------------------------------------------------------
 
 
-def _load_weights(model, path, distribution):
-    """Keras's `model.load_weights(path)`, each value read into its shards and assigned at the end."""
+def _load_weights(model, path, distribution, keras_load=None):
+    """Keras's `model.load_weights(path)` (or `keras_load()`), each value read into its shards, assigned at the end."""
     owned = {id(v) for v in _variables(model)}
     staging = Staging(lambda v: target_of(v, distribution) if id(v) in owned else None, path)
-    _run_keras_load(staging, lambda: model.load_weights(path), path, model)
+    _run_keras_load(staging, keras_load or (lambda: model.load_weights(path)), path, model)
     _finish(model, staging)
     return model
 
 
 def _build_preset(path, model_class, kwargs, distribution):
-    model_class = model_class or _keras_hub().models.Backbone
-    if not callable(getattr(model_class, "from_preset", None)):
+    hub = _keras_hub()
+    model_class = model_class or hub.models.Backbone
+    if not (isinstance(model_class, type) and callable(getattr(model_class, "from_preset", None))):
         raise ArgumentTypeError(
             f"kdist.load: model_class must be a keras-hub class with from_preset (e.g. keras_hub.models.Backbone); "
             f"received {model_class!r}."
         )
+    if not issubclass(model_class, hub.models.Task):
+        return _build_deferred(path, lambda: model_class.from_preset(path, **kwargs), distribution)
+    # A task: its backbone is built deferred and loaded as above; the task around it (its head, optimizer) is built
+    # live, as keras-hub would, and its own weights (task.weights.h5, small) are read into their shards too.
+    backbone_kwargs = {k: kwargs.pop(k) for k in BACKBONE_KWARGS if k in kwargs}
+    backbone_class = model_class.backbone_cls or hub.models.Backbone
+    backbone = _build_deferred(path, lambda: backbone_class.from_preset(path, **backbone_kwargs), distribution)
+    try:
+        task = model_class.from_preset(path, backbone=backbone, load_weights=False, **kwargs)
+    except Exception as e:
+        raise CheckpointError(
+            f"kdist.load: cannot build {model_class.__name__} from {path!r}: {_keras_message(e)}"
+        ) from e
+    task_weights = os.path.join(path, TASK_WEIGHTS)
+    if os.path.isfile(task_weights) and task.has_task_weights():
+        _load_weights(task, task_weights, distribution, lambda: task.load_task_weights(task_weights))
+    return task
+
+
+def _build_deferred(path, build, distribution):
+    """`build()` with every variable deferred; Keras's weight loads inside it read into the shards."""
     staging = Staging(lambda v: target_of(v, distribution), path)
     built = []
 
-    def build():
+    def deferred_build():
         with deferred():
-            built.append(model_class.from_preset(path, **kwargs))
+            built.append(build())
 
-    _run_keras_load(staging, build, path, None)
+    _run_keras_load(staging, deferred_build, path, None)
     _finish(built[0], staging)
     return built[0]
 
@@ -257,11 +281,12 @@ def _variables(model):
 
 
 def _check_distribution(distribution):
-    if distribution is not None and not all(callable(getattr(distribution, n, None)) for n in ("scope", "get_variable_layout")):
+    needed = ("scope", "get_variable_layout")
+    if distribution is not None and not all(callable(getattr(distribution, n, None)) for n in needed):
         raise ArgumentTypeError(
-            "kdist.load: distribution must be a Keras distribution (kdist.preset('2x4'), keras.distribution.DataParallel, "
-            "ModelParallel) or None; "
-            f"received {type(distribution).__name__} {distribution!r:.80}."
+            "kdist.load: distribution must be a Keras distribution (kdist.preset('2x4'), "
+            "keras.distribution.DataParallel, ModelParallel) or None; "
+            f"received {type(distribution).__name__} {repr(distribution)[:80]}."
         )
     return distribution
 

@@ -10,6 +10,7 @@ is host memory, so the RSS holds all of them together: a proxy for a real
 accelerator's memory, not a measurement of one.
 """
 
+import gc
 import math
 import os
 import resource
@@ -63,6 +64,9 @@ class PeakMemory:
     peak.rss_peak          # bytes
     ```
 
+    Garbage is collected when the block begins, so the baseline holds only
+    arrays something still uses.
+
     Attributes:
         device_baseline / device_peak / device_final: {device: bytes} when
             the block began, at its highest, when it ended.
@@ -95,6 +99,7 @@ class PeakMemory:
         return {d: size - self.device_baseline.get(d, 0) for d, size in self.device_peak.items()}
 
     def __enter__(self):
+        gc.collect()  # arrays only garbage holds would otherwise be in the baseline, and could be freed inside
         self.device_baseline, self.rss_baseline = device_bytes(), host_rss()
         self.device_peak, self.rss_peak = dict(self.device_baseline), self.rss_baseline
         self._stop.clear()
