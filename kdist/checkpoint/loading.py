@@ -148,8 +148,7 @@ def _preset_weights(path):
         if os.path.isfile(os.path.join(path, name)):
             return os.path.join(path, name)
     raise CheckpointError(
-        f"kdist.load: the preset {path!r} has no weights ({' or '.join(PRESET_WEIGHTS)}); "
-        "save it with save_to_preset."
+        f"kdist.load: the preset {path!r} has no weights ({' or '.join(PRESET_WEIGHTS)}); save it with save_to_preset."
     )
 
 

@@ -70,11 +70,13 @@ class Staging:
         self.targets[id(variable)] = target
         try:
             self.arrays[id(variable)] = self._read(variable, value, target[2])
+        except CheckpointError as e:
+            self.error = self.error or e
+            raise
         except Exception as e:
-            if self.error is None:
-                self.error = e if isinstance(e, CheckpointError) else CheckpointError(
-                    f"Cannot read the value of {variable.path!r} from {self.source}: {type(e).__name__}: {e}"
-                )
+            self.error = self.error or CheckpointError(
+                f"Cannot read the value of {variable.path!r} from {self.source}: {type(e).__name__}: {e}"
+            )
             raise self.error from e
         sample_active()
         return True
