@@ -43,6 +43,8 @@ def sources(tmp_path_factory):
         backbone.save_to_preset(str(root / name))
         out[name] = str(root / name)
         out[name + "_weights"] = weights_of(backbone)
+    backbone.save_to_preset(str(root / "preset_sharded"), max_shard_size=40e3 / 2**30)  # keras-hub's sharded files
+    out["preset_sharded"] = str(root / "preset_sharded")
     keras.backend.clear_session()
     keras.utils.set_random_seed(2)
     model = mlp()
@@ -90,6 +92,13 @@ def test_a_preset_loads_bitwise_on_the_layouts_of_plain_from_preset(sources, spe
     with distribution.scope():
         plain = hub.models.Backbone.from_preset(sources["preset"])
     assert [str(v.value.sharding.spec) for v in plain.weights] == [str(v.value.sharding.spec) for v in model.weights]
+
+
+def test_a_preset_with_sharded_weight_files_loads_too(sources):
+    assert len([n for n in os.listdir(sources["preset_sharded"]) if n.endswith(".weights.h5")]) > 1
+    distribution = kdist.preset("2x4")
+    model = load(sources["preset_sharded"], distribution=distribution, dtype="bfloat16")
+    assert_loaded(model, sources["preset_bf16_weights"], distribution)
 
 
 def test_without_a_distribution_a_preset_loads_on_one_device(sources):
