@@ -261,3 +261,15 @@ def test_bad_arguments_get_kdist_errors(sources):
         load(sources["keras"], dtype="bfloat16")
     with pytest.raises(kdist.ArgumentTypeError, match="model_class"):
         load(sources["preset"], model_class=len)
+
+
+def test_keras_own_distributions_give_the_layouts(sources):
+    data_parallel = keras.distribution.DataParallel()
+    assert_loaded(load(sources["preset"], distribution=data_parallel), sources["preset_weights"], data_parallel)
+    mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], keras.distribution.list_devices())
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map[".*d1/kernel"] = (None, "model")
+    model_parallel = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    model = load(sources["weights"], kdist.abstract_model(mlp), distribution=model_parallel)
+    assert_loaded(model, sources["mlp_weights"], model_parallel)
+    assert str(model.get_layer("d1").kernel.value.sharding.spec) == "P(None, 'model')"
