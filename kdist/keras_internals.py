@@ -30,15 +30,17 @@ def deferred():
     created inside are taken off Keras's initialise-later list (the global
     attribute "uninitialized_variables"), so a later top-level
     `StatelessScope` (Keras opens them while training) does not allocate
-    them behind your back.
+    them behind your back. Yields a list that holds those variables once the block ends.
     """
     pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
     before = len(pending)
+    created = []  # yielded: the variables made inside, filled in when the block ends
     try:
         with keras.StatelessScope(initialize_variables=False):
-            yield
+            yield created
     finally:
         pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+        created.extend(pending[before:])
         del pending[before:]
 
 
@@ -346,6 +348,38 @@ def intercepted_weight_loads(wrap_dataset, stage):
             variable_class.assign = original_assign
         else:
             del variable_class.assign
+
+
+@contextlib.contextmanager
+def deferred_values_too():
+    """`deferred()`, where a variable made from a value (an optimizer's iteration count, its learning rate) is
+    deferred too, its value kept as its initializer, instead of Keras's error for values in a stateless scope.
+
+    Wraps `keras.Variable.__init__` inside the block. Checked against keras 3.15.1.
+    """
+    variable_class = keras.Variable
+    had_own_init = "__init__" in vars(variable_class)
+    original_init = variable_class.__init__
+
+    def init(self, initializer, shape=None, dtype=None, *args, **kwargs):
+        if keras.backend.is_keras_tensor(initializer) or callable(initializer) or isinstance(initializer, str):
+            return original_init(self, initializer, shape, dtype, *args, **kwargs)
+        value = keras.ops.convert_to_tensor(initializer, dtype=dtype)
+
+        def constant(shape, dtype=None):
+            return value if dtype is None else keras.ops.cast(value, dtype)
+
+        return original_init(self, constant, tuple(value.shape), dtype or value.dtype, *args, **kwargs)
+
+    variable_class.__init__ = init
+    try:
+        with deferred() as created:
+            yield created
+    finally:
+        if had_own_init:
+            variable_class.__init__ = original_init
+        else:
+            del variable_class.__init__
 
 
 def is_deferred(variable):

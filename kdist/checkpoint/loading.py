@@ -28,7 +28,13 @@ from kdist.checkpoint.restore import check_keras_file
 from kdist.checkpoint.sharded import build_optimizer, check_path
 from kdist.checkpoint.streaming import H5Weight, Staging, target_of
 from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, MissingDependencyError, ModelError
-from kdist.keras_internals import deferred, initialize_deferred, intercepted_weight_loads, is_deferred
+from kdist.keras_internals import (
+    deferred,
+    deferred_values_too,
+    initialize_deferred,
+    intercepted_weight_loads,
+    is_deferred,
+)
 
 PRESET_CONFIG = "config.json"
 PRESET_WEIGHTS = ("model.weights.h5", "model.weights.json")  # one file, or keras-hub's sharded weights
@@ -164,12 +170,15 @@ def _require(model, kind, path):
 # --- Loads ------------------------------------------------------------------------------------------
 
 
-def _load_weights(model, path, distribution, keras_load=None):
-    """Keras's `model.load_weights(path)` (or `keras_load()`), each value read into its shards, assigned at the end."""
-    owned = {id(v) for v in _variables(model)}
+def _load_weights(model, path, distribution, keras_load=None, created=()):
+    """Keras's `model.load_weights(path)` (or `keras_load()`), each value read into its shards, assigned at the end.
+
+    `created`: variables a deferred build made beside the model's own (a compiled model's metrics), initialised after.
+    """
+    owned = {id(v) for v in [*_variables(model), *created]}
     staging = Staging(lambda v: target_of(v, distribution) if id(v) in owned else None, path)
     _run_keras_load(staging, keras_load or (lambda: model.load_weights(path)), path, model)
-    _finish(model, staging)
+    _finish(model, staging, created)
     return model
 
 
@@ -203,14 +212,15 @@ def _build_preset(path, model_class, kwargs, distribution):
 def _build_deferred(path, build, distribution):
     """`build()` with every variable deferred; Keras's weight loads inside it read into the shards."""
     staging = Staging(lambda v: target_of(v, distribution), path)
-    built = []
+    built, created = [], []
 
     def deferred_build():
-        with deferred():
+        with deferred() as made:
             built.append(build())
+        created.extend(made)
 
     _run_keras_load(staging, deferred_build, path, None)
-    _finish(built[0], staging)
+    _finish(built[0], staging, created)
     return built[0]
 
 
@@ -221,11 +231,11 @@ def _build_keras_file(path, distribution):
     except (KeyError, UnicodeDecodeError) as e:
         raise CheckpointError(f"kdist.load: {path!r} has no readable {KERAS_CONFIG}: {e}") from e
     try:
-        with deferred():
+        with deferred_values_too() as created:  # a compiled model's optimizer is made from values (its iteration)
             model = keras.models.model_from_json(config)
     except Exception as e:
         raise CheckpointError(f"kdist.load: cannot build the model of {path!r}: {_keras_message(e)}") from e
-    return _load_weights(model, path, distribution)
+    return _load_weights(model, path, distribution, created=created)
 
 
 def _load_checkpoint(model, path, distribution):
@@ -262,11 +272,16 @@ def _run_keras_load(staging, load, path, model):
         raise CheckpointError(f"kdist.load: cannot load {path!r}{into}: {_keras_message(e)}") from e
 
 
-def _finish(model, staging):
-    """Assign what was read (all or nothing), then give variables the load did not cover their initial values."""
+def _finish(model, staging, created=()):
+    """Assign what was read (all or nothing), then give variables the load did not cover their initial values.
+
+    Those are the model's variables and those its deferred build made besides (`created`: a compiled model's
+    metrics), left deferred: not in the file (e.g. a task's head without task weights). They get their
+    initializer's value under the distribution, as Keras would have given them when it built the model.
+    """
     staging.commit()
-    for variable in _variables(model):
-        if is_deferred(variable):  # not in the file (e.g. a task's head without task weights): as Keras would
+    for variable in [*_variables(model), *created]:
+        if is_deferred(variable):
             initialize_deferred(variable)
 
 

@@ -273,3 +273,23 @@ def test_keras_own_distributions_give_the_layouts(sources):
     model = load(sources["weights"], kdist.abstract_model(mlp), distribution=model_parallel)
     assert_loaded(model, sources["mlp_weights"], model_parallel)
     assert str(model.get_layer("d1").kernel.value.sharding.spec) == "P(None, 'model')"
+
+
+def test_a_compiled_keras_file_brings_its_optimizer_state(tmp_path):
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse")
+    x, y = np.random.default_rng(0).normal(size=(2, 16, 64)).astype("float32")[0], np.zeros((16, 16), "float32")
+    model.fit(x, y, batch_size=8, verbose=0)
+    model.save(str(tmp_path / "trained.keras"))
+    keras.backend.clear_session()
+    plain = keras.models.load_model(str(tmp_path / "trained.keras"))
+    expected = {v.path: np.asarray(v.value) for v in [*plain.weights, *plain.optimizer.variables]}
+    keras.backend.clear_session()
+    distribution = kdist.preset("fsdp")
+    loaded = load(str(tmp_path / "trained.keras"), distribution=distribution)
+    got = {v.path: np.asarray(v.value) for v in [*loaded.weights, *loaded.optimizer.variables]}
+    assert set(got) == set(expected) and len(got) == 4 + 10  # Adam: iteration, learning rate, 2 slots a weight
+    for path, value in expected.items():
+        np.testing.assert_array_equal(got[path], value, err_msg=path)
+    keras.distribution.set_distribution(distribution)
+    loaded.fit(x, y, batch_size=8, verbose=0)
