@@ -15,6 +15,7 @@ import zipfile
 
 import keras
 
+from kdist.checkpoint.peak_memory import sample_active
 from kdist.checkpoint.reading import (
     REQUIRED,
     checkpoint_dir,
@@ -73,8 +74,9 @@ def load(source, model=None, *, distribution=None, model_class=None, **kwargs):
             their model), a `.weights.h5` / `.weights.json` file or a kdist
             sharded checkpoint directory (both need `model`).
         model: a built `keras.Model` to load into: live (its values are
-            replaced, all or nothing) or abstract (`kdist.abstract_model`: its
-            variables get their arrays). For a preset or `.keras` file, the
+            replaced, all or nothing, on the layouts they have now) or abstract
+            (`kdist.abstract_model`: its variables get their arrays, on the
+            layouts `distribution` gives). For a preset or `.keras` file, the
             model to take their weights instead of building one.
         distribution: a `keras.distribution.Distribution` (e.g. `kdist.preset("2x4")`)
             to lay the model out with; default: the global one.
@@ -251,6 +253,7 @@ def _load_checkpoint(model, path, distribution):
     targets = {key: target_of(v, distribution) for key, v in current.items() if key in saved}
     shardings = {key: target[2] for key, target in targets.items() if is_deferred(target[0])}
     values = read_arrays(directory, tree, current, marker, shardings)
+    sample_active()  # every value read, none assigned: the checkpoint load's peak
     staging = Staging(lambda v: None, directory)
     for key, array in values.items():
         staging.put(targets[key], array)

@@ -167,16 +167,18 @@ def test_a_live_model_keeps_its_layouts(sources, kind):
 
 
 @pytest.mark.parametrize("spec", ("fsdp", "2x4"))
-def test_no_point_of_a_preset_load_holds_more_than_the_sharded_model_and_one_variable(sources, spec):
+@pytest.mark.parametrize("kind", ("preset", "weights", "ckpt"))
+def test_no_point_of_a_load_holds_more_than_the_sharded_model_and_one_variable(sources, spec, kind):
     distribution = kdist.preset(spec)
+    model = None if kind == "preset" else kdist.abstract_model(mlp)
     with PeakMemory() as peak:
-        model = load(sources["preset"], distribution=distribution)
+        model = load(sources[kind], model, distribution=distribution)
     final, largest = sharded_bytes(model)
     growth = peak.growth()
     assert set(final) == set(jax.devices())
     for device, size in final.items():
         assert size <= growth[device] <= size + largest, (device, growth[device], size, largest)
-    assert peak.samples > len(model.variables)  # the load sampled after each variable, not only the thread
+    assert peak.samples > len(model.variables)
 
 
 def test_the_tracker_sees_an_unsharded_variable_on_one_device():
