@@ -129,14 +129,23 @@ def match_checkpoint(saved, current, directory, required):
         )
 
 
-def read_arrays(directory, tree, current, marker):
-    """{key: array} for every saved variable the model has, read onto its sharding and checked against the checksums."""
+def read_arrays(directory, tree, current, marker, shardings=None):
+    """{key: array} for every saved variable the model has, read onto its sharding and checked against the checksums.
+
+    A variable without an array (deferred, `kdist.abstract_model`) is read onto `shardings[key]`; None or no
+    entry: to one device, uncommitted.
+    """
     ocp = orbax()
 
     def abstract(key):
         if key not in current:
             return ocp.PLACEHOLDER
         value = array_of(current[key])
+        if value is None:
+            sharding, dtype = (shardings or {}).get(key), jax.numpy.dtype(current[key].dtype)
+            if sharding is None:
+                return np.broadcast_to(np.zeros((), dtype), tuple(current[key].shape))
+            return jax.ShapeDtypeStruct(tuple(current[key].shape), dtype, sharding=sharding)
         if own_layout(current[key]) is None and not value.committed:
             # No distribution: Keras keeps the array uncommitted. Read it to host and put it back uncommitted
             # (below): a committed array beside uncommitted ones makes jit compile the train/test steps again.

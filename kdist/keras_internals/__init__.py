@@ -4,7 +4,8 @@ Checked against keras 3.15.1 (`CHECKED`, the version in constraints.txt). Each
 function says what it reaches into, and `NEEDED` lists the private attributes,
 checked when kdist is imported: a Keras without one raises `VersionError`
 naming it. When Keras changes, this is the module to mend.
-Everything else in kdist uses Keras's public API only.
+Everything else in kdist uses Keras's public API only; `loading.py` beside
+this file holds the internals that only `kdist.load` reaches.
 """
 
 import contextlib
@@ -18,6 +19,14 @@ from kdist.errors import VersionError
 
 CHECKED = "3.15.1"
 
+
+def missing_module(error):
+    """The `VersionError` for a Keras internal module that failed to import (`error`, an ImportError)."""
+    return VersionError(
+        f"kdist uses Keras's internal module {error.name or error}, which keras {keras.__version__} lacks; kdist was "
+        f"checked against keras {CHECKED}: pip install keras=={CHECKED}."
+    )
+
 try:
     from keras.src.backend.common import global_state
     from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re-exported for the activation trace)
@@ -27,10 +36,7 @@ try:
     from keras.src.models.functional import operation_fn  # noqa: F401  (re-exported for the activation trace)
     from keras.src.utils import io_utils
 except ImportError as e:
-    raise VersionError(
-        f"kdist uses Keras's internal module {e.name or e}, which keras {keras.__version__} lacks; kdist was checked "
-        f"against keras {CHECKED}: pip install keras=={CHECKED}."
-    ) from e
+    raise missing_module(e) from e
 
 # The private attributes kdist reaches, checked at import so a Keras that moved one fails here, by name.
 NEEDED = {
@@ -67,15 +73,17 @@ def deferred():
     created inside are taken off Keras's initialise-later list (the global
     attribute "uninitialized_variables"), so a later top-level
     `StatelessScope` (Keras opens them while training) does not allocate
-    them behind your back.
+    them behind your back. Yields a list that holds those variables once the block ends.
     """
     pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
     before = len(pending)
+    created = []  # yielded: the variables made inside, filled in when the block ends
     try:
         with keras.StatelessScope(initialize_variables=False):
-            yield
+            yield created
     finally:
         pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+        created.extend(pending[before:])
         del pending[before:]
 
 
