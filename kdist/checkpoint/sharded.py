@@ -22,6 +22,7 @@ Needs the `orbax-checkpoint` package (`pip install orbax-checkpoint`).
 """
 
 import contextlib
+import glob
 import json
 import os
 
@@ -47,7 +48,7 @@ from kdist.checkpoint.reading import (
     orbax,
     read_arrays,
 )
-from kdist.checkpoint.restore import assign_all, load_keras_file
+from kdist.checkpoint.restore import assign_all, first_line, load_keras_file
 from kdist.checks import shown
 from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, ModelError
 from kdist.keras_internals import is_live
@@ -274,8 +275,14 @@ def write_checkpoint(model, staging, extra=None):
             write_text(os.path.join(staging, MARKER), json.dumps(marker))
     except Exception as e:
         if jax.process_index() == 0:
-            remove(staging)
-        raise CheckpointError(f"Cannot write a checkpoint to {staging!r}: {type(e).__name__}: {e}") from e
+            for partial in (staging, *glob.glob(glob.escape(staging) + ".orbax-checkpoint-tmp*")):
+                remove(partial)  # what this save created, Orbax's temporary directory included
+        full = "No space left on device" in str(e)
+        raise CheckpointError(
+            f"Cannot write a checkpoint to {staging!r}"
+            + (": the disk is full; free space or choose another path. " if full else ": ")
+            + f"Nothing was replaced. ({first_line(e)})"
+        ) from e
 
 
 def build_optimizer(model):

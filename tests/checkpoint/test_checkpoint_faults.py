@@ -195,3 +195,25 @@ def test_concurrent_saves_to_one_path_take_turns(tmp_path):
     values = {float(np.asarray(v.value).ravel()[0]) for v in target.weights}
     assert values in ({1.0}, {2.0})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "save.py"]
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 200 KiB tmpfs (root only): a disk that fills up during a save."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", mount]).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    yield mount
+    subprocess.run(["umount", mount], check=True)
+
+
+def test_a_full_disk_is_named_and_leaves_nothing(full_disk):
+    (full_disk / "ckpt").mkdir()
+    (full_disk / "ckpt" / "mine.txt").write_text("kept")
+    with pytest.raises(kdist.CheckpointError, match="the disk is full"):
+        kdist.save_sharded(model(4, width=1024), full_disk / "new")
+    assert sorted(p.name for p in full_disk.iterdir()) == ["ckpt"]
+    assert (full_disk / "ckpt" / "mine.txt").read_text() == "kept"
