@@ -9,8 +9,51 @@ import contextlib
 import importlib.util
 
 import jax
-from jax._src import cloud_tpu_init, clusters, distributed, monitoring, xla_bridge
-from jax.experimental import topologies
+
+from kdist.errors import VersionError
+
+CHECKED = "0.10.2"
+
+try:
+    from jax._src import cloud_tpu_init, clusters, distributed, monitoring, xla_bridge
+    from jax.experimental import topologies
+except ImportError as e:
+    raise VersionError(
+        f"kdist uses jax's internal module {e.name or e}, which jax {jax.__version__} lacks; kdist was checked "
+        f"against jax {CHECKED}: pip install jax=={CHECKED} jaxlib=={CHECKED}."
+    ) from e
+
+NEEDED = {
+    "jax._src.xla_bridge": (xla_bridge, ("backends_are_initialized",)),
+    "jax._src.distributed": (distributed, ("global_state",)),
+    "jax._src.monitoring": (
+        monitoring,
+        ("register_event_duration_secs_listener", "unregister_event_duration_listener"),
+    ),
+    "jax.experimental.topologies": (topologies, ("get_topology_desc",)),
+    "jax._src.clusters": (
+        clusters,
+        ("ClusterEnv", "OmpiCluster", "SlurmCluster", "Mpi4pyCluster", "K8sCluster"),
+    ),
+    "jax._src.clusters.ClusterEnv": (
+        getattr(clusters, "ClusterEnv", None),
+        ("_cluster_types", "is_env_present", "get_coordinator_address", "get_process_count", "get_process_id"),
+    ),
+    "jax._src.cloud_tpu_init": (cloud_tpu_init, ("running_in_cloud_tpu_vm",)),
+}
+
+
+def check_internals(needed=NEEDED):
+    """Raise `VersionError` naming each private attribute in `needed` that this jax lacks."""
+    missing = [f"{where}.{name}" for where, (obj, names) in needed.items() for name in names if not hasattr(obj, name)]
+    if missing:
+        raise VersionError(
+            f"jax {jax.__version__} lacks {', '.join(missing)}, which kdist uses; kdist was checked against "
+            f"jax {CHECKED}: pip install jax=={CHECKED} jaxlib=={CHECKED}."
+        )
+
+
+check_internals()
 
 MEMORY_FIELDS = ("argument", "output", "alias", "temp")  # the *_size_in_bytes of XLA's memory analysis
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
