@@ -3,7 +3,7 @@
 import dataclasses
 import re
 
-from kdist.checks import is_int
+from kdist.checks import is_int, shown
 from kdist.errors import ArgumentTypeError, ClusterError
 
 JOB_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
@@ -52,7 +52,7 @@ class ClusterConfig:
         for name in ("local_process_id", "local_num_processes"):
             value = getattr(self, name)
             if value is not None and not is_int(value):
-                raise ArgumentTypeError(f"ClusterConfig: {name} must be an integer or None; received {value!r}.")
+                raise ArgumentTypeError(f"ClusterConfig: {name} must be an integer or None; received {shown(value)}.")
         if not isinstance(self.coordinator_address, str):
             raise ArgumentTypeError(
                 f'{self.source}: coordinator_address must be a "host:port" string; '
@@ -63,7 +63,8 @@ class ClusterConfig:
             value = getattr(self, name)
             if not is_int(value):
                 raise ArgumentTypeError(
-                    f"{self.source}: {name} must be an integer; received {name}={value!r} ({type(value).__name__})."
+                    f"{self.source}: {name} must be an integer; "
+                    f"received {name}={shown(value)} ({type(value).__name__})."
                 )
             object.__setattr__(self, name, int(value))
         if self.num_processes < 1:

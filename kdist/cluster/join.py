@@ -24,7 +24,7 @@ import socket
 
 import jax
 
-from kdist.checks import is_int
+from kdist.checks import is_int, shown
 from kdist.cluster import fault_exit
 from kdist.cluster.config import (  # noqa: F401  (TF_CONFIG, ClusterConfig: importable from here, as before)
     BIND_ADDRESS,
@@ -233,7 +233,9 @@ def _local_device_ids(argument, config):
         try:
             return [int(i) for i in value.split(",")]
         except ValueError:
-            raise ClusterError(f"{LOCAL_DEVICE_IDS}={value!r} is not a comma-separated list of device ids.") from None
+            raise ClusterError(
+                f"{LOCAL_DEVICE_IDS}={shown(value)} is not a comma-separated list of device ids such as 0,1,2,3."
+            ) from None
     if config.local_num_processes == 1 or config.local_process_id is None or on_cloud_tpu():
         return None  # every device of the host
     return [config.local_process_id]  # one device per process, as jax does under an engine
@@ -264,10 +266,14 @@ def _check_kinds(job_addresses, num_processes, process_id, cpu_collectives, bind
         ("bind_address", bind_address, 'a "host:port" string'),
     ):
         if value is not None and not isinstance(value, str):
-            raise ArgumentTypeError(f"kdist.initialize: {name} must be {accepted} or None; received {name}={value!r}.")
+            raise ArgumentTypeError(
+                f"kdist.initialize: {name} must be {accepted} or None; received {name}={shown(value)}."
+            )
     for name, value in (("num_processes", num_processes), ("process_id", process_id)):
         if value is not None and not is_int(value):
-            raise ArgumentTypeError(f"kdist.initialize: {name} must be an integer or None; received {name}={value!r}.")
+            raise ArgumentTypeError(
+                f"kdist.initialize: {name} must be an integer or None; received {name}={shown(value)}."
+            )
     ids = [local_device_ids] if is_int(local_device_ids) else local_device_ids
     if ids is not None and (
         isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__") or not all(is_int(i) and i >= 0 for i in ids)
@@ -304,7 +310,11 @@ def _from_keras_env(environ):
         try:
             ints.append(int(value))
         except ValueError:
-            raise ClusterError(f"{name}={value!r} is not an integer.") from None
+            raise ClusterError(
+                f"{name}={shown(value)} is not an integer. Set it to a whole number: "
+                f"{names[1]} to the number of processes (e.g. 2), {names[2]} to this process's index "
+                f"from 0 to {names[1]} - 1."
+            ) from None
     return _config_from_values(values[0], *ints, source)
 
 

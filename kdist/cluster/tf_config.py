@@ -1,9 +1,10 @@
 """Translate a TensorFlow `TF_CONFIG` cluster spec (MultiWorkerMirroredStrategy's) into a `ClusterConfig`."""
 
-import json
 
+from kdist.checks import shown
 from kdist.cluster.config import ClusterConfig, check_address
 from kdist.errors import ArgumentTypeError, ClusterError
+from kdist.textdata import parse_json
 
 # TF_CONFIG task types that take part in training, in process-id order: with
 # MultiWorkerMirroredStrategy the chief is worker 0 and the workers follow it.
@@ -101,13 +102,17 @@ def _decode(tf_config):
         return tf_config
     if not isinstance(tf_config, (str, bytes)):
         raise ArgumentTypeError(
-            f"tf_config must be a TF_CONFIG JSON string or its decoded dict; received {tf_config!r} "
+            f"tf_config must be a TF_CONFIG JSON string or its decoded dict; received {shown(tf_config)} "
             f"({type(tf_config).__name__})."
         )
-    try:
-        spec = json.loads(tf_config)
-    except (TypeError, json.JSONDecodeError) as e:
-        raise ClusterError(f"TF_CONFIG is not valid JSON ({e}); received {tf_config!r}.") from None
+    if isinstance(tf_config, bytes):
+        try:
+            tf_config = tf_config.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ClusterError(f"TF_CONFIG is not UTF-8 text: {e}.") from None
+    spec = parse_json(tf_config, "TF_CONFIG", ClusterError)
     if not isinstance(spec, dict):
-        raise ClusterError(f'TF_CONFIG must be a JSON object with "cluster" and "task"; received {tf_config!r}.')
+        raise ClusterError(
+            f'TF_CONFIG must be a JSON object with "cluster" and "task"; received {shown(tf_config)}.'
+        )
     return spec
