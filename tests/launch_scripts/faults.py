@@ -35,7 +35,14 @@ from jax.experimental import multihost_utils  # noqa: E402
 
 fault, fault_rank, token = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rank = config.process_id
-print(f"READY {rank} {os.getpid()}", flush=True)
+
+
+def say(line):
+    """One line in one write: the processes and grandchildren here share stdout, and print() may split a line."""
+    os.write(1, f"{line}\n".encode())
+
+
+say(f"READY {rank} {os.getpid()}")
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)", token]
 DAEMON = (
@@ -43,7 +50,7 @@ DAEMON = (
     "if os.fork() == 0:\n"
     "    os.setsid()\n"
     "    p = subprocess.Popen(sys.argv[1:])\n"
-    "    print('CHILD', p.pid, flush=True)\n"
+    "    os.write(1, f'CHILD {p.pid}\\n'.encode())\n"
     "    os._exit(0)\n"
 )
 children = [
@@ -51,7 +58,7 @@ children = [
     subprocess.Popen(SLEEPER, start_new_session=True),
 ]
 for child in children:
-    print(f"CHILD {child.pid}", flush=True)
+    say(f"CHILD {child.pid}")
 subprocess.run([sys.executable, "-c", DAEMON, *SLEEPER], check=True)
 
 
@@ -70,11 +77,11 @@ def listening(port):
 
 if rank == 0:
     for address in listening(int(config.coordinator_address.rsplit(":", 1)[1])):
-        print(f"LISTEN {address}", flush=True)
+        say(f"LISTEN {address}")
 
 multihost_utils.sync_global_devices("ready")  # every process has started its children and printed
 if rank == fault_rank and fault != "none":
-    print(f"FAULT {time.time()!r}", flush=True)
+    say(f"FAULT {time.time()!r}")
     if fault == "raise":
         raise RuntimeError(f"boom in process {rank}")
     if fault == "exit":
@@ -85,7 +92,7 @@ if rank == fault_rank and fault != "none":
         time.sleep(3600)
 else:
     for _ in range(4):
-        print("WORKING", flush=True)
+        say("WORKING")
         time.sleep(0.5)
 multihost_utils.sync_global_devices("faults")
-print("DONE", flush=True)
+say("DONE")
