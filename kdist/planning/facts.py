@@ -5,7 +5,7 @@ import copy
 import jax
 import keras
 
-from kdist.errors import ArgumentError, ModelError, PlanError
+from kdist.errors import ArgumentError, KdistError, ModelError, PlanError
 from kdist.inspection.inspector import planned_optimizer
 from kdist.keras_internals import array_of, deferred, input_struct, output_struct, plan_optimizer, set_path
 from kdist.meshes.spec import ParallelDims
@@ -160,15 +160,24 @@ class ModelFacts:
             return None
         traced = None
         if self.inputs is not None:
-            traced = trace_step(
-                self.model,
-                self.inputs,
-                platform=self.target.platform,
-                attention=self.attention,
-                remat=self.remat,
-                rules=self.compiler_rules,
-                cache=self._trace_cache,
-            )
+            try:
+                traced = trace_step(
+                    self.model,
+                    self.inputs,
+                    platform=self.target.platform,
+                    attention=self.attention,
+                    remat=self.remat,
+                    rules=self.compiler_rules,
+                    cache=self._trace_cache,
+                )
+            except KdistError:
+                raise
+            except Exception as e:  # a graph the step model does not handle: say so, never a raw traceback
+                raise PlanError(
+                    f"The planner could not model the training step of {self.name!r}: {type(e).__name__}: {e}. Plan "
+                    f"its variables instead (kdist.plan(model.weights, ...): weights and optimizer state, no "
+                    "activations), or report the model."
+                ) from e
         if traced is None:
             self.notes.append(
                 f"activations not estimated: {self.name!r} is not a functional Keras model (no layer graph to trace)"

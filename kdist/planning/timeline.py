@@ -75,8 +75,7 @@ class Step:
         for x, w in p.weight_copy.items():
             if mapping.get(x) is not None and w in mapping and mapping[w] in self.weight_of:
                 self.weight_of.setdefault(mapping[x], self.weight_of[mapping[w]])
-        for o in list(p.out) + list(p.ga):
-            kind, extra = p.out_info[o]
+        for o, (kind, extra) in p.out_info.items():  # outputs, input cotangents and the values they are views of
             if kind == "alias":
                 mapping[o] = mapping[extra]
             elif kind == "cond":
