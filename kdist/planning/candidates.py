@@ -3,13 +3,14 @@
 from kdist.meshes.enumerate import spec_of
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.comm import communication, validity
-from kdist.planning.memory_model import memory_terms, placed_variables
+from kdist.planning.memory_model import buffer_factors, memory_terms, placed_variables
 from kdist.planning.plan import Candidate
+from kdist.planning.timing import step_time
 from kdist.units import itemsize
 
 
-def evaluate(facts, axes, batch_size, bandwidth, latency):
-    """The `Candidate` of mesh `axes` (role -> size) for `batch_size` examples per step."""
+def evaluate(facts, axes, batch_size, bandwidth, latency, timing=True):
+    """The `Candidate` of mesh `axes` (role -> size) for `batch_size` examples per step (`timing`: its step time)."""
     candidate = Candidate(spec_of(axes), dict(axes))
     rows = placed_variables(facts, ParallelDims.from_sizes(axes))
     for term, value in memory_terms(facts, rows, axes, batch_size).items():
@@ -20,5 +21,11 @@ def evaluate(facts, axes, batch_size, bandwidth, latency):
     trainable = [r for r in rows if r.kind == "trainable"]
     scale = itemsize(facts.dtype) if facts.dtype is not None else None
     candidate.comm = communication(facts, trainable, axes, -(-batch_size // split), bandwidth, latency, scale)
+    if timing and facts.traced is not None:
+        factor = buffer_factors(facts, rows, axes, -(-batch_size // split))
+        estimate = step_time(facts, rows, axes, -(-batch_size // split), candidate.comm, factor)
+        if estimate is not None:
+            candidate.compute_seconds, candidate.exposed_comm_seconds = estimate["compute"], estimate["exposed_comm"]
+            candidate.flops, candidate.hbm_bytes = estimate["flops"], estimate["hbm_bytes"]
     candidate.valid, candidate.reason = validity([r for r in rows if r.kind != "optimizer"], axes, batch_size, split)
     return candidate

@@ -75,6 +75,7 @@ class ModelFacts:
         self.target, self.attention, self.remat, self.compiler_rules = target, attention, remat, compiler_rules
         self._trace_cache = {}  # traced programs by layer signature, shared by `retraced` copies
         self._buffer_static = None
+        self._timing_static = None
         self.act_itemsize = self._activation_itemsize()
         self.traced = self._trace()
 
@@ -143,7 +144,7 @@ class ModelFacts:
         other = copy.copy(self)
         other.remat, other.compiler_rules = remat, compiler_rules or self.compiler_rules
         other.notes = []
-        other._buffer_static = None
+        other._buffer_static = other._timing_static = None
         other.traced = other._trace()
         other.notes = self.notes
         return other

@@ -186,12 +186,32 @@ def _notes(facts):
     notes = [f"estimated for {target.name} (XLA:{target.platform.upper()} buffer rules; {calibration})"]
     if facts.traced is not None and facts.traced.attention != "none":
         notes.append(f"attention traced {facts.traced.attention}" + _attention_why(facts))
+    notes.append(_step_time_note(facts))
     if facts.remat:
         notes.append(
             "remat: each layer's forward is recomputed in the backward pass, about +33% compute per step (a "
             "forward is about a third of forward + backward)"
         )
     return notes
+
+
+def _step_time_note(facts):
+    """What the step-time estimate assumes, or why there is none."""
+    target = facts.target
+    if facts.traced is None:
+        return "no step-time estimate without a traced step: ranked by estimated communication"
+    if target.peaks is None:
+        return (
+            f"no step-time estimate: the peak FLOP/s and memory bandwidth of {target.name} are not known to kdist "
+            "(target= a device kind such as 'H100' gives them): ranked by estimated communication"
+        )
+    assumed = f" ({target.name}: an {target.peaks_kind}'s figures assumed)" if target.peaks_kind != target.name else ""
+    return (
+        f"step times are estimates, not measurements: compute at the roofline of {target.peaks_kind}{assumed} "
+        f"({target.peaks[2]}), communication at bandwidth= per device; gradient reductions overlap the backward "
+        "pass, fsdp gathers are prefetched one weight ahead, model/expert collectives are exposed (docs/plan.md, "
+        '"Step time")'
+    )
 
 
 def _attention_why(facts):

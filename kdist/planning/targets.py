@@ -42,6 +42,49 @@ DEVICE_KINDS = {
     "TPU v5e": ("tpu", 16 * 2**30, "a TPU v5e chip's 16 GiB of HBM"),
     "TPU v5p": ("tpu", 95 * 2**30, "a TPU v5p chip's 95 GiB of HBM"),
 }
+# device kind -> dense peak FLOP/s of matrix units by compute dtype, memory bandwidth in bytes/s, and the source.
+# float32 matrix products run as TF32 on NVIDIA tensor cores (JAX's default precision on A100 and later) and as
+# single-pass bfloat16 on TPUs (JAX's default precision there); both are what XLA runs for a float32 model.
+PEAKS = {
+    "H100": (
+        {"bfloat16": 989e12, "float16": 989e12, "float32": 494.7e12},
+        3.35e12,
+        "NVIDIA H100 SXM5 datasheet: 989 TFLOP/s BF16/FP16 and 494.7 TFLOP/s TF32 dense, 3.35 TB/s HBM3",
+    ),
+    "H200": (
+        {"bfloat16": 989e12, "float16": 989e12, "float32": 494.7e12},
+        4.8e12,
+        "NVIDIA H200 SXM datasheet: 989 TFLOP/s BF16/FP16 and 494.7 TFLOP/s TF32 dense, 4.8 TB/s HBM3e",
+    ),
+    "A100-80GB": (
+        {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12},
+        2.039e12,
+        "NVIDIA A100 SXM 80GB datasheet: 312 TFLOP/s BF16/FP16 and 156 TFLOP/s TF32 dense, 2.039 TB/s HBM2e",
+    ),
+    "A100-40GB": (
+        {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12},
+        1.555e12,
+        "NVIDIA A100 SXM 40GB datasheet: 312 TFLOP/s BF16/FP16 and 156 TFLOP/s TF32 dense, 1.555 TB/s HBM2",
+    ),
+    "TPU v4": (
+        {"bfloat16": 275e12, "float16": 275e12, "float32": 275e12},
+        1.2e12,
+        "Google Cloud TPU v4 documentation: 275 TFLOP/s BF16 per chip, 1.2 TB/s HBM",
+    ),
+    "TPU v5e": (
+        {"bfloat16": 197e12, "float16": 197e12, "float32": 197e12},
+        8.19e11,
+        "Google Cloud TPU v5e documentation: 197 TFLOP/s BF16 per chip, 819 GB/s HBM",
+    ),
+    "TPU v5p": (
+        {"bfloat16": 459e12, "float16": 459e12, "float32": 459e12},
+        2.765e12,
+        "Google Cloud TPU v5p documentation: 459 TFLOP/s BF16 per chip, 2,765 GB/s HBM",
+    ),
+}
+# Which kind's peaks a plan for a bare platform assumes (said in the plan's notes).
+PLATFORM_PEAKS = {"gpu": "H100", "tpu": "TPU v5p"}
+
 PLATFORMS = ("gpu", "tpu", "cpu")
 _ALIASES = {"cuda": "gpu", "rocm": "gpu", "a100": "A100-80GB"}
 
@@ -67,6 +110,19 @@ class Target:
     @property
     def band(self):
         return GPU_BAND if self.platform == "gpu" else None
+
+    @property
+    def peaks_kind(self):
+        """The device kind whose peak FLOP/s and memory bandwidth the step time uses (None: not known)."""
+        if self.name in PEAKS:
+            return self.name
+        return PLATFORM_PEAKS.get(self.name) if self.name in PLATFORMS else None
+
+    @property
+    def peaks(self):
+        """({compute dtype: peak FLOP/s}, memory bytes/s, source) of one device, or None (e.g. the CPU)."""
+        kind = self.peaks_kind
+        return PEAKS[kind] if kind is not None else None
 
 
 def resolve_target(target=None):
