@@ -22,8 +22,11 @@ class Candidate:
     buffers (`loss`), backward temporaries (`backward`) and FSDP's gathered
     weights (`gathered`); `other` the batch shard. `gradients` is the whole
     gradient state (the inspector's bytes), of which only `live_gradients`
-    exist at the peak. `band` is (low, high) bytes the truth fell in on the
-    calibration, None where the target is not calibrated. `comm` maps each
+    exist at the peak. `band` is (low, high) bytes: the peak times the spread
+    of truth / estimate on configs like this one (`band_class`, e.g.
+    "fsdp transformers": `kdist.planning.calibration.BANDS`), widened where
+    the estimate is unsure, or None; `band_why` says why it is wider or
+    absent. `comm` maps each
     mesh axis to `{"size", "collectives": [{"kind", "of", "bytes", "count",
     "seconds"}, ...], "bytes": payload bytes per step, "seconds": alpha-beta
     time}`. `compiled` holds XLA's memory analysis when the plan was
@@ -56,6 +59,8 @@ class Candidate:
     gathered: int = 0
     phase: str = None
     band: tuple = None
+    band_class: str = ""
+    band_why: str = ""
     compute_seconds: float = None
     exposed_comm_seconds: float = None
     flops: float = None
@@ -108,6 +113,8 @@ class Candidate:
                 "peak": self.peak,
             },
             "band": list(self.band) if self.band else None,
+            "band_class": self.band_class,
+            "band_why": self.band_why,
             "phase": self.phase,
             "comm": self.comm,
             "comm_seconds": self.comm_seconds,

@@ -37,7 +37,11 @@ def rank(result, facts):
 def _reason(result, best, fitting):
     parts = []
     memory = result.memory_per_device
-    band = f" (likely {human_bytes(best.band[0])}-{human_bytes(best.band[1])})" if best.band else ""
+    band = (
+        f" (likely {human_bytes(best.band[0])}-{human_bytes(best.band[1])}, the spread on {best.band_class})"
+        if best.band
+        else ""
+    )
     if memory is not None:
         parts.append(
             f"fits {human_bytes(memory)} per device with a {result.margin:.0%} margin: peak {human_bytes(best.peak)}"

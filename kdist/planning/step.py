@@ -44,6 +44,14 @@ class TracedStep:
     seconds: float
     programs: int
     notes: list
+    convolutions: bool = False
+
+    @property
+    def family(self):
+        """ "transformer" (some attention traced), "cnn" (convolutions, no attention) or "other"."""
+        if self.attention != "none":
+            return "transformer"
+        return "cnn" if self.convolutions else "other"
 
 
 def compute_dtype(model):
@@ -104,7 +112,8 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
     elif taken != mode:
         notes.append(f"attention {mode!r} was asked for; the layers took {taken!r}")
     seconds = time.perf_counter() - start
-    return TracedStep(step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes)
+    convolutions = any(e[0].startswith("conv_general") for p in walk.programs.values() for e in p.flat.eqns)
+    return TracedStep(step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes, convolutions)
 
 
 class _Walk:

@@ -23,10 +23,6 @@ from kdist.jax_internals import backends_initialized, memory_limit
 # more than 4% beyond XLA's buffers, and the estimate's band adds up to 2% (docs/plan.md, "What fits means").
 DEFAULT_MARGIN = 0.10
 
-# truth / estimate on the shared H100 measurements (benchmarks/results/planner_vs_gpu.json): 0.975-1.010 over
-# 9 configs (8 measured peaks, 1 XLA figure), rounded outward to whole percents.
-GPU_BAND = (0.97, 1.02)
-
 # XLA:CPU's compiled figure / the H100 truth for the same step, where the shared file has both.
 CPU_PROXY_RATIO = {"transformers": (1.48, 2.03), "resnet50": (1.56, 1.56)}
 
@@ -96,9 +92,7 @@ class Target:
     `name`: "gpu", "tpu", "cpu" or a device kind ("H100"); `platform`: the
     compiler whose rules the estimate follows; `memory`: bytes one device
     may use by default (None: unknown), and `memory_source` saying where that
-    figure comes from; `band`: (low, high) of truth / estimate in the
-    calibration, None where the platform is not calibrated; `local`: the
-    target is this machine's accelerator.
+    figure comes from; `local`: the target is this machine's accelerator.
     """
 
     name: str
@@ -108,8 +102,9 @@ class Target:
     local: bool = False
 
     @property
-    def band(self):
-        return GPU_BAND if self.platform == "gpu" else None
+    def calibrated(self):
+        """Whether plans for this target get a band (`kdist.planning.calibration.BANDS`: GPU targets)."""
+        return self.platform == "gpu"
 
     @property
     def peaks_kind(self):
