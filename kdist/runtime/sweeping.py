@@ -18,7 +18,7 @@ import numpy as np
 from kdist.abstract import abstract_model
 from kdist.checks import non_negative_int
 from kdist.devices import resolve_devices
-from kdist.errors import ArgumentError, ArgumentTypeError
+from kdist.errors import ArgumentError, ArgumentTypeError, PlanError
 from kdist.inspection.inspector import inspect
 from kdist.jax_internals import compile_train_step, memory_limit, xla_memory
 from kdist.keras_internals import symbolic_build
@@ -52,6 +52,7 @@ def sweep(
     direct_check=True,
     progress=True,
     console=None,
+    top=None,
 ):
     """Train `build_model()` under each mesh shape and compare step time, memory and losses.
 
@@ -100,6 +101,10 @@ def sweep(
             far the measured step time is from it (`SweepRow.agreement`).
         progress: show progress (a bar on a terminal, one line per stage otherwise).
         console: a `rich.console.Console` for the progress (default: stderr).
+        top: sweep only the `top` leading candidates of `kdist.plan` (valid
+            meshes that fit first, by estimated step time) instead of
+            `meshes`, which must then be "all". Each row then holds the
+            planner's estimated step time beside the measured one.
 
     Returns:
         A `SweepResult`.
@@ -128,11 +133,18 @@ def sweep(
         raise ArgumentError(
             f'estimate must be "planner", None or a function (model, distribution) -> bytes; received {estimate!r}.'
         )
-    if estimate == "planner":
+    if top is not None:
+        top = _check_top(top, meshes)
+    if estimate == "planner" or top is not None:
         num_devices = len(devices) if devices is not None else jax.device_count()
-        estimate = _default_estimate(
-            build_model, num_devices, batch_size, optimizer if loss is not None else None, rules
+        planned = _default_estimate(
+            build_model, num_devices, batch_size, optimizer if loss is not None else None, rules, strict=top is not None
         )
+        estimate = planned if estimate == "planner" else estimate
+        if top is not None:
+            specs = [c.spec for c in planned.plan.candidates if c.valid and c.fits is not False][:top]
+            if not specs:
+                raise PlanError(f"top={top}: the planner found no valid mesh that fits. {planned.plan.advice}")
     settings = {
         "meshes": specs,
         "steps": steps,
@@ -144,6 +156,7 @@ def sweep(
         "strict": strict,
         "device_memory": device_memory,
         "seed": seed,
+        "top": top,
     }
     previous = keras.distribution.distribution()
     start = time.perf_counter()
@@ -260,6 +273,10 @@ def _prepare(row, spec, config, distribution, batch):
         try:
             row.estimate_bytes = int(config.estimate(model, distribution))
             row.estimate_note = "planner estimate"
+            candidate = getattr(config.estimate, "candidate", None)
+            if candidate is not None:
+                row.estimate_step_time = candidate(distribution).step_seconds
+                row.estimate_target = config.estimate.plan.target
         except Exception as e:  # an estimate is a column, not a reason to fail the shape
             row.estimate_note = f"not available: {_describe(e)}"
     return model
@@ -277,23 +294,30 @@ def planner_estimate(build_model, devices, *, batch_size, optimizer="adam", rule
     result = plan(model, devices, batch_size=batch_size, optimizer=_optimizer(optimizer), rules=rules)
     by_axes = {tuple(sorted(c.axes.items())): c for c in result.candidates}
 
-    def estimate(model, distribution):
+    def candidate(distribution):
         sizes = {r: s for r, s in zip(distribution.roles, distribution.device_mesh.shape) if s > 1} or {"data": 1}
-        candidate = by_axes.get(tuple(sorted(sizes.items())))
-        if candidate is None:
+        found = by_axes.get(tuple(sorted(sizes.items())))
+        if found is None:
             planned = ", ".join(c.spec for c in result.candidates)
             raise LookupError(f"the planner has no mesh {sizes} (it planned {planned})")
-        if not candidate.valid:
-            raise LookupError(f"the planner marks {candidate.spec} invalid: {candidate.reason}")
-        return candidate.peak
+        if not found.valid:
+            raise LookupError(f"the planner marks {found.spec} invalid: {found.reason}")
+        return found
 
+    def estimate(model, distribution):
+        return candidate(distribution).peak
+
+    estimate.plan, estimate.candidate = result, candidate  # the whole plan, and each mesh's candidate (step time)
     return estimate
 
 
-def _default_estimate(build_model, devices, batch_size, optimizer, rules):
+def _default_estimate(build_model, devices, batch_size, optimizer, rules, strict=False):
+    """The planner's estimate; when it fails, one that says why in every row (or, `strict`, a PlanError)."""
     try:
         return planner_estimate(build_model, devices, batch_size=batch_size, optimizer=optimizer, rules=rules)
     except Exception as e:  # every row then says why the planner could not help
+        if strict:
+            raise PlanError(f"top= sweeps the planner's leading meshes, but the planner failed: {_describe(e)}") from e
         reason = f"the planner failed: {_describe(e)}"
 
         def unavailable(model, distribution):
@@ -431,6 +455,18 @@ def _mesh_specs(meshes, devices):
     if duplicated:
         raise ArgumentError(f"meshes lists {duplicated[0]!r} twice.")
     return specs
+
+
+def _check_top(top, meshes):
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ArgumentError(
+            f"top must be a positive integer (how many of the plan's meshes to sweep); received {top!r}."
+        )
+    if not (isinstance(meshes, str) and meshes == "all"):
+        raise ArgumentError(
+            f'top={top} picks the meshes from the plan; leave meshes out ("all"), received meshes={meshes!r}.'
+        )
+    return top
 
 
 def _check_counts(**counts):
