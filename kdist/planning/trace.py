@@ -62,7 +62,9 @@ def eqn_flops(eqn):
     dot_general: 2 x |output| x |contracted dimensions|. conv_general_dilated:
     2 x |output| x |kernel| / output features (each output element is one
     dot product over a kernel's input features x window; this also holds for
-    grouped convolutions and for the weight-gradient convolution).
+    grouped convolutions and for the weight-gradient convolution), divided by
+    the input dilation: the input gradient of a strided convolution is a
+    convolution of the cotangent spread with zeros, which cuDNN skips.
     """
     name = eqn.primitive.name
     if name not in ("dot_general", "conv_general_dilated"):
@@ -73,7 +75,8 @@ def eqn_flops(eqn):
         (contract, _), _ = eqn.params["dimension_numbers"]
         return 2 * out * math.prod(lhs[d] for d in contract)
     kernel_out = rhs[eqn.params["dimension_numbers"].rhs_spec[0]] or 1
-    return 2 * out * math.prod(rhs) // kernel_out
+    dilated = math.prod(eqn.params.get("lhs_dilation") or (1,))  # a strided conv's input gradient: zeros skipped
+    return 2 * out * math.prod(rhs) // kernel_out // dilated
 
 
 def _itemsize(dtype):

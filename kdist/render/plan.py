@@ -8,7 +8,7 @@ from kdist.units import human_bytes, human_seconds, short_bytes
 
 WIDE = 130  # from this width the table shows every memory term
 # Columns in the order they are given up when the width is short (the note column folds, the mesh never shrinks).
-OPTIONAL = ("traffic", "transient", "activ.", "optim.", "weights", "comm/step", "band", "compute", "exposed")
+OPTIONAL = ("traffic", "transient", "activ.", "optim.", "weights", "comm/step", "band", "fits", "compute", "exposed")
 
 
 def plan_renderables(p, width=80):
@@ -114,7 +114,8 @@ def candidates_table(p, width=80):
 
     def needed(names):
         widths = [max([len(heads[n])] + [len(cells[n]) for cells, _, _ in rows]) + 1 for n in names]
-        return sum(widths) + (12 if noted else 4)  # the note column keeps at least 12 columns when used
+        edges = len(names) + (2 if noted else 1)  # the box's column separators and edges
+        return sum(widths) + edges + (12 if noted else 0)  # the note column keeps at least 12 columns when used
 
     for name in OPTIONAL:
         if needed(columns) <= width:

@@ -15,7 +15,6 @@ import jax
 import keras
 import numpy as np
 
-from kdist.abstract import abstract_model
 from kdist.checks import non_negative_int
 from kdist.devices import resolve_devices
 from kdist.errors import ArgumentError, ArgumentTypeError, PlanError
@@ -24,10 +23,10 @@ from kdist.jax_internals import compile_train_step, memory_limit, xla_memory
 from kdist.keras_internals import symbolic_build
 from kdist.machine import machine_info
 from kdist.meshes.enumerate import data_model_specs
-from kdist.planning.planner import plan
 from kdist.presets import build_preset
 from kdist.render.progress import steps as steps_progress
 from kdist.runtime.data import check_batch_size
+from kdist.runtime.sweep_estimate import check_top, default_estimate, describe
 from kdist.runtime.sweep_result import SweepResult, SweepRow
 from kdist.runtime.timing import record_times, run_steps, step_losses, timed_steps
 from kdist.units import human_bytes, parse_size
@@ -134,11 +133,16 @@ def sweep(
             f'estimate must be "planner", None or a function (model, distribution) -> bytes; received {estimate!r}.'
         )
     if top is not None:
-        top = _check_top(top, meshes)
+        top = check_top(top, meshes)
     if estimate == "planner" or top is not None:
         num_devices = len(devices) if devices is not None else jax.device_count()
-        planned = _default_estimate(
-            build_model, num_devices, batch_size, optimizer if loss is not None else None, rules, strict=top is not None
+        planned = default_estimate(
+            build_model,
+            num_devices,
+            batch_size,
+            _optimizer(optimizer) if loss is not None else None,
+            rules,
+            strict=top is not None,
         )
         estimate = planned if estimate == "planner" else estimate
         if top is not None:
@@ -278,52 +282,8 @@ def _prepare(row, spec, config, distribution, batch):
                 row.estimate_step_time = candidate(distribution).step_seconds
                 row.estimate_target = config.estimate.plan.target
         except Exception as e:  # an estimate is a column, not a reason to fail the shape
-            row.estimate_note = f"not available: {_describe(e)}"
+            row.estimate_note = f"not available: {describe(e)}"
     return model
-
-
-def planner_estimate(build_model, devices, *, batch_size, optimizer="adam", rules=None):
-    """An `estimate` for `sweep`: the peak bytes per device `kdist.plan` estimates for each mesh.
-
-    The model is planned once, abstractly (nothing allocated), for all the
-    meshes of `devices` devices; each shape then looks its mesh up.
-    """
-    model = abstract_model(build_model)
-    if optimizer is None:
-        optimizer = getattr(model, "optimizer", None) or "adam"
-    result = plan(model, devices, batch_size=batch_size, optimizer=_optimizer(optimizer), rules=rules)
-    by_axes = {tuple(sorted(c.axes.items())): c for c in result.candidates}
-
-    def candidate(distribution):
-        sizes = {r: s for r, s in zip(distribution.roles, distribution.device_mesh.shape) if s > 1} or {"data": 1}
-        found = by_axes.get(tuple(sorted(sizes.items())))
-        if found is None:
-            planned = ", ".join(c.spec for c in result.candidates)
-            raise LookupError(f"the planner has no mesh {sizes} (it planned {planned})")
-        if not found.valid:
-            raise LookupError(f"the planner marks {found.spec} invalid: {found.reason}")
-        return found
-
-    def estimate(model, distribution):
-        return candidate(distribution).peak
-
-    estimate.plan, estimate.candidate = result, candidate  # the whole plan, and each mesh's candidate (step time)
-    return estimate
-
-
-def _default_estimate(build_model, devices, batch_size, optimizer, rules, strict=False):
-    """The planner's estimate; when it fails, one that says why in every row (or, `strict`, a PlanError)."""
-    try:
-        return planner_estimate(build_model, devices, batch_size=batch_size, optimizer=optimizer, rules=rules)
-    except Exception as e:  # every row then says why the planner could not help
-        if strict:
-            raise PlanError(f"top= sweeps the planner's leading meshes, but the planner failed: {_describe(e)}") from e
-        reason = f"the planner failed: {_describe(e)}"
-
-        def unavailable(model, distribution):
-            raise LookupError(reason)
-
-        return unavailable
 
 
 def _attempt(stage, fn):
@@ -332,13 +292,7 @@ def _attempt(stage, fn):
     except _Failed:
         raise
     except Exception as e:  # a failed shape is a row, not a crash
-        raise _Failed(stage, _describe(e)) from e
-
-
-def _describe(error):
-    text = str(error).strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
-    return f"{type(error).__name__}: {first[:400]}"
+        raise _Failed(stage, describe(e)) from e
 
 
 def _build(config, batch):
@@ -455,18 +409,6 @@ def _mesh_specs(meshes, devices):
     if duplicated:
         raise ArgumentError(f"meshes lists {duplicated[0]!r} twice.")
     return specs
-
-
-def _check_top(top, meshes):
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise ArgumentError(
-            f"top must be a positive integer (how many of the plan's meshes to sweep); received {top!r}."
-        )
-    if not (isinstance(meshes, str) and meshes == "all"):
-        raise ArgumentError(
-            f'top={top} picks the meshes from the plan; leave meshes out ("all"), received meshes={meshes!r}.'
-        )
-    return top
 
 
 def _check_counts(**counts):

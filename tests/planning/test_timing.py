@@ -1,5 +1,7 @@
 """The step-time estimate on cases with known answers: FLOPs of a matmul chain, data parallel's all-reduce, ranking."""
 
+import math
+
 import keras
 import pytest
 
@@ -48,6 +50,23 @@ def test_a_large_product_is_compute_bound_at_the_peak():
     # One forward and one weight-gradient product of 2 * 4096^3 FLOPs: 278 us at 494.7 TFLOP/s.
     assert c.flops == 2 * 2 * 4096**3
     assert c.flops / H100_TF32 <= c.compute_seconds <= 1.3 * c.flops / H100_TF32
+
+
+def test_a_llamas_flops_are_6_n_tokens_plus_attention():
+    """The textbook count: 6 x (matrix weights) x tokens, plus 12 x layers x batch x sequence^2 x hidden for
+    the attention products (QK^T and AV, forward and backward); embeddings are lookups, norms are not counted."""
+    pytest.importorskip("keras_hub")
+    from kdist import zoo
+
+    model = zoo.load_model("tiny-llama3")
+    config = model.get_config()
+    batch, sequence = 8, 16
+    c = kdist.plan(model, 1, batch_size=batch, sequence_length=sequence, target="H100").candidates[0]
+    matrices = sum(math.prod(v.shape) for v in model.trainable_variables if len(v.shape) >= 2)
+    matrices -= sum(math.prod(v.shape) for v in model.trainable_variables if "embedding" in v.path)
+    layers, hidden = config["num_layers"], config["hidden_dim"]
+    textbook = 6 * batch * sequence * matrices + 12 * layers * batch * sequence**2 * hidden
+    assert c.flops == pytest.approx(textbook, rel=1e-4)
 
 
 def test_pure_data_parallel_all_reduces_the_gradients_and_hides_all_but_the_last_layers():
