@@ -7,7 +7,7 @@ import pytest
 
 import kdist
 from kdist.models import mnist_mlp, tiny_transformer
-from kdist.planning.calibration import BANDS, DEVICELESS_RESULTS, GPU_RESULTS, band_class, mesh_kind
+from kdist.planning.calibration import BANDS, DEVICELESS_RESULTS, GPU_RESULTS, SHARDED_RESULTS, band_class, mesh_kind
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,15 +22,16 @@ def _stored_rows():
     for r in json.loads((ROOT / GPU_RESULTS).read_text())["rows"]:
         family = "cnn" if "resnet" in r["config"] else "transformer"
         rows.append(("single", family, r["truth"] / r["estimate"]))
-    for r in json.loads((ROOT / DEVICELESS_RESULTS).read_text())["rows"]:
-        family = "cnn" if "resnet" in r["config"] else "transformer"
-        rows.append((mesh_kind(_axes(r["mesh"])), family, r["xla_gpu_deviceless"] / r["estimate"]))
+    for path in (DEVICELESS_RESULTS, SHARDED_RESULTS):
+        for r in json.loads((ROOT / path).read_text())["rows"]:
+            family = "cnn" if "resnet" in r["config"] else "transformer"
+            rows.append((mesh_kind(_axes(r["mesh"])), family, r["xla_gpu_deviceless"] / r["estimate"]))
     return rows
 
 
 def test_every_stored_row_falls_in_the_band_of_its_class():
     rows = _stored_rows()
-    assert len(rows) == 9 + 14
+    assert len(rows) == 9 + 14 + 40
     for kind, family, ratio in rows:
         band, why = band_class(_axes("data=1") if kind == "single" else {kind: 2}, family)
         assert not why and band.low <= ratio <= band.high, (kind, family, ratio)
