@@ -127,3 +127,13 @@ def test_schedule_runs_collectives_on_one_stream_beside_the_kernels():
     assert schedule([1.0] * 3, [(1.0, 0, 1), (1.0, 1, 2)]) == (3.0, 0.0)  # gathers prefetched a kernel ahead
     assert schedule([1.0] * 3, [(2.0, 0, 1)]) == (4.0, 1.0)  # a gather longer than the kernel before its use
     assert schedule([], []) == (0.0, 0.0)
+
+
+def test_the_traced_flops_match_xlas_cost_analysis_of_the_compiled_step():
+    """XLA counts the products' FLOPs too (plus elementwise work: the loss, Adam's update), per device."""
+    model = _chain(512, (1024, 2048, 256))
+    result = kdist.plan(model, 8, batch_size=64, target="H100", verify=["fsdp=8", "model=8"])
+    for spec in ("fsdp=8", "model=8"):
+        c = result.candidate(spec)
+        assert c.flops == _chain_flops(64, 512, (1024, 2048, 256)) / 8
+        assert c.flops <= c.compiled["flops"] <= 1.1 * c.flops, (spec, c.flops, c.compiled["flops"])
