@@ -3,7 +3,8 @@
 from kdist.checks import MAX_DEVICES
 from kdist.meshes.enumerate import meshes
 from kdist.planning.candidates import evaluate
-from kdist.units import human_bytes, human_seconds
+from kdist.render.plan import short_seconds
+from kdist.units import human_bytes
 
 
 def rank(result, facts):
@@ -38,7 +39,9 @@ def _reason(result, best, fitting):
     parts = []
     memory = result.memory_per_device
     band = (
-        f" (likely {human_bytes(best.band[0])}-{human_bytes(best.band[1])}, the spread on {best.band_class})"
+        f" (likely {human_bytes(best.band[0])}-{human_bytes(best.band[1])}, the spread on {best.band_class}"
+        + (f": {best.band_why}" if best.band_why else "")
+        + ")"
         if best.band
         else ""
     )
@@ -57,8 +60,8 @@ def _reason(result, best, fitting):
         runner = fitting[1]
         what = "fastest estimated step" if timed else "least estimated communication per step"
         parts.append(
-            f"{what} of {len(fitting)} candidates: {human_seconds(_time(best))} (next: {runner.spec} at "
-            f"{human_seconds(_time(runner))})"
+            f"{what} of {len(fitting)} candidates: {short_seconds(_time(best))} (next: {runner.spec} at "
+            f"{short_seconds(_time(runner))})"
         )
     else:
         parts.append("the only candidate that fits")
@@ -82,14 +85,14 @@ def _why_fastest(best, fitting):
         axis = max(best.comm, key=lambda a: best.comm[a]["seconds"]) if best.comm else None
         where = f", most of it on the {axis} axis ({human_bytes(best.comm[axis]['bytes'])} per step)" if axis else ""
         text = (
-            f"communication-bound: {human_seconds(exposed)} of communication not hidden behind "
-            f"{human_seconds(compute)} of compute{where}"
+            f"communication-bound: {short_seconds(exposed)} of communication not hidden behind "
+            f"{short_seconds(compute)} of compute{where}"
         )
     else:
-        text = f"compute-bound: {human_seconds(compute)} of compute, {human_seconds(exposed)} of communication exposed"
+        text = f"compute-bound: {short_seconds(compute)} of compute, {short_seconds(exposed)} of communication exposed"
     least = min(fitting, key=lambda c: c.compute_seconds)
     if least is not best and least.compute_seconds < compute:
-        text += f" ({least.spec} computes less, {human_seconds(least.compute_seconds)}, but exposes more communication)"
+        text += f" ({least.spec} computes less, {short_seconds(least.compute_seconds)}, but exposes more communication)"
     return text
 
 
