@@ -36,7 +36,7 @@ REMAT_LOW = 0.88
 
 
 def band(facts, axes, peak):
-    """((low, high) bytes, the class it comes from, why it is wider or absent) for a candidate with `peak`."""
+    """((low, high) bytes, the class it comes from, why it is wider, less sure or absent) for a candidate."""
     if not facts.target.calibrated:
         return None, "", f"{facts.target.platform.upper()} targets are not calibrated"
     if facts.traced is None:
@@ -46,4 +46,6 @@ def band(facts, axes, peak):
     if facts.remat:
         low *= REMAT_LOW
         reasons.append(f"remat: XLA may update weights before the backward ends, up to {1 - REMAT_LOW:.0%} lower")
+    if "fused" in facts.traced.attention:
+        reasons.append("fused attention: no fused config was checked, the band is the materialized configs'")
     return (int(peak * low), int(peak * high)), cls.name, "; ".join(reasons)

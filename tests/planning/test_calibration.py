@@ -71,6 +71,9 @@ def test_unsure_estimates_get_a_wider_band_and_say_why():
     assert c.band[0] == int(c.peak * 0.97 * 0.88) and "remat" in c.band_why
     assert any("band: remat" in note for note in rematted.notes)
     assert not plain.band_why
+    fused = kdist.plan(model, 1, batch_size=16, attention="fused").candidates[0]
+    assert "no fused config was checked" in fused.band_why
+    assert fused.band == (int(fused.peak * 0.97), int(fused.peak * 1.21))  # said, not widened
     variables = kdist.plan(model.weights, 1, batch_size=16).candidates[0]
     assert variables.band is None and "activations not estimated" in variables.band_why
     assert kdist.plan(model, 1, batch_size=16, target="cpu").candidates[0].band is None
