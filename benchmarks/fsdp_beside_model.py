@@ -1,21 +1,23 @@
-"""Where fsdp goes on a weight the model axis splits: XLA:GPU's peak with fsdp on the other dimension, and joined.
+"""Where fsdp goes on a weight the model axis splits: XLA:GPU's peak with kdist's rule, and with fsdp joined to model.
 
-kdist's placer used to put fsdp on the largest free dimension of a weight:
-for an MLP kernel (hidden, width) whose width the model axis splits, the
+kdist's placer puts fsdp on the largest free dimension of a weight: for an
+MLP kernel (hidden, width) whose width the model axis splits, that is the
 hidden dimension, `('fsdp', 'model')`, and XLA:GPU then gathers activations
-over fsdp instead of the weight (issue 21). It now puts fsdp on the
-dimension model already splits, jointly (`(None, ('model', 'fsdp'))`), where
-that divides by model x fsdp. This compiles the small Llama of
-`planner_vs_deviceless_sharded.py` on two fsdp x model meshes of 8
-deviceless H100s both ways (the old way by switching the join off in this
-process); the planner's estimate is the same for both layouts.
+over fsdp instead of the weight (issue 21). This experiment compiles the
+small Llama of `planner_vs_deviceless_sharded.py` on two fsdp x model meshes
+of 8 deviceless H100s twice: with kdist's placer, and with the placer patched
+in this process to put fsdp on the dimension model already splits, jointly
+(`(None, ('model', 'fsdp'))`) where it divides by model x fsdp. Nothing in
+kdist is changed by it; the planner's estimate is the same for both layouts.
 
 Run: JAX_PLATFORMS=cpu python benchmarks/fsdp_beside_model.py   (needs jax-cuda13-pjrt)
 Writes benchmarks/results/fsdp_beside_model.json.
 """
 
+import dataclasses
 import importlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -27,6 +29,26 @@ CONFIG = dict(
 )
 
 
+def joint_fsdp(original):
+    """Placer._fsdp, but fsdp joins model on a dimension model splits when that dimension divides by both."""
+    from kdist.meshes.spec import Role
+
+    def _fsdp(self, placement):
+        dims = self.dims
+        if not dims.fsdp_enabled or dims.size_of(Role.MODEL) == 1:
+            return original(self, placement)
+        fsdp, model = dims.name_of(Role.FSDP), dims.name_of(Role.MODEL)
+        shape, axes = placement.shape, placement.axes
+        if model in axes and fsdp not in axes and math.prod(shape) >= self.fsdp_min_size:
+            d = axes.index(model)
+            if shape[d] % (dims.size_of(Role.MODEL) * dims.size_of(Role.FSDP)) == 0:
+                joined = tuple((model, fsdp) if i == d else a for i, a in enumerate(axes))
+                return dataclasses.replace(placement, axes=joined, source="fsdp")
+        return original(self, placement)
+
+    return _fsdp
+
+
 def main():
     import kdist  # before keras_hub: selects the JAX backend
     from kdist.machine import machine_info
@@ -34,10 +56,9 @@ def main():
 
     keras_hub = importlib.import_module("keras_hub")
     kdist.fake_devices(8)
-    original, rows = Placer._beside_model, []
-    for placement in ("fsdp on the other dimension (before)", "fsdp joined to model (now)"):
-        if placement.endswith("(before)"):
-            Placer._beside_model = lambda *args: None
+    original, rows = Placer._fsdp, []
+    for placement in ("kdist: fsdp on the largest free dimension", "fsdp joined to model"):
+        Placer._fsdp = original if placement.startswith("kdist") else joint_fsdp(original)
         try:
             result = kdist.plan(
                 lambda: keras_hub.models.LlamaBackbone(**CONFIG),
@@ -50,7 +71,7 @@ def main():
                 verify_target="H100",
             )
         finally:
-            Placer._beside_model = original
+            Placer._fsdp = original
         for c in result.candidates:
             if c.compiled:
                 rows.append(

@@ -122,8 +122,7 @@ def test_three_axis_preset_shards_batch_over_data_and_fsdp():
     assert dist.num_model_replicas == 4
     with dist.scope():
         model = mnist_mlp()
-    # fsdp joins model on the dimension model splits (200 divides by 2 x 2): gathering gives back the model shard
-    assert _spec_of(model.get_layer("d1").kernel) == (None, ("model", "fsdp"))
+    assert _spec_of(model.get_layer("d1").kernel) == ("fsdp", "model")
 
 
 def test_tp_replicates_the_batch():

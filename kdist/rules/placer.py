@@ -99,25 +99,13 @@ class Placer:
         return placement
 
     def _fsdp(self, placement):
-        """`placement` also sharded over the fsdp axis, on its largest free dimension that divides.
-
-        A weight the model axis splits gets fsdp on that same dimension,
-        jointly (`('model', 'fsdp')`), where it divides by both: gathering over
-        fsdp then gives back the model shard. On the other dimension, XLA
-        gathers activations over fsdp instead of the weight, which cost up to
-        1.7x the per-device peak on fsdp x model meshes (docs/plan.md,
-        `benchmarks/fsdp_beside_model.py`).
-        """
+        """`placement` also sharded over the fsdp axis, on its largest free dimension that divides."""
         if not self.dims.fsdp_enabled:
             return placement
         axis, size = self.dims.name_of(Role.FSDP), self.dims.size_of(Role.FSDP)
         shape, axes = placement.shape, placement.axes
         if axis in axes or math.prod(shape) < self.fsdp_min_size:
             return placement
-        joint = self._beside_model(shape, axes, axis, size)
-        if joint is not None:
-            source = "fsdp" if placement.source in ("default", "preset") else placement.source
-            return dataclasses.replace(placement, axes=joint, source=source)
         free = [i for i, a in enumerate(axes) if a is None and shape[i] % size == 0]
         if not free:
             reason = f"no unsharded dimension of {shape} divides by {axis}={size}: replicated over {axis}"
@@ -127,15 +115,3 @@ class Placer:
         source = "fsdp" if placement.source in ("default", "preset") else placement.source
         reason = placement.reason if source != "fsdp" else ""
         return dataclasses.replace(placement, axes=new_axes, source=source, reason=reason)
-
-    def _beside_model(self, shape, axes, axis, size):
-        """`axes` with fsdp joined to the model axis on the dimension it splits, or None where that does not divide."""
-        if self.dims.size_of(Role.MODEL) == 1:
-            return None
-        model = self.dims.name_of(Role.MODEL)
-        if model not in axes:
-            return None
-        d = axes.index(model)
-        if shape[d] % (self.dims.size_of(Role.MODEL) * size):
-            return None
-        return tuple((model, axis) if i == d else a for i, a in enumerate(axes))

@@ -88,24 +88,3 @@ def test_llama_backbone_is_sharded_by_the_llama_rules_without_naming_them():
     assert specs["token_embedding/reverse_embeddings"] == (None, "model")
     placement = keras.distribution.distribution().placements["transformer_layer_0/self_attention/query/kernel"]
     assert "llama" in placement.rule.families and placement.source == "rule"
-
-
-@pytest.mark.parametrize("case", ["decoder LM (Llama)", "encoder (BERT)"])
-def test_training_step_with_fsdp_joined_to_model_matches_one_device(case):
-    """fsdp=2,model=4: weights the model axis splits take fsdp on the same dimension, ('model', 'fsdp')."""
-    build, inputs, loss_fn = CASES[case]
-    keras.utils.set_random_seed(0)
-    reference = build()
-    expected_loss, expected_grads = loss_and_grads(reference, inputs, loss_fn)
-
-    keras.distribution.set_distribution(kdist.preset("fsdp=2,model=4"))
-    model = build()
-    model.set_weights(reference.get_weights())
-    joined = [v.path for v in model.weights if ("model", "fsdp") in tuple(v.value.sharding.spec)]
-    assert len(joined) >= 4, [(v.path, v.value.sharding.spec) for v in model.weights]
-    loss, grads = loss_and_grads(model, inputs, loss_fn)
-
-    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
-    scale = max(float(np.abs(g).max()) for g in expected_grads)
-    worst = max(float(np.abs(a - b).max()) for a, b in zip(grads, expected_grads))
-    assert worst <= 1e-4 * scale, f"gradients differ by {worst} (largest gradient {scale})"
