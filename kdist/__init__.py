@@ -24,6 +24,7 @@ _fake_devices_from_env()  # before anything starts jax's devices
 from kdist import models  # noqa: E402,F401  (small example models)
 from kdist.abstract import abstract_model  # noqa: E402
 from kdist.checkpoint.backup import BackupAndRestore  # noqa: E402
+from kdist.checkpoint.loading import load  # noqa: E402
 from kdist.checkpoint.sharded import load_sharded, save_sharded  # noqa: E402
 from kdist.cluster.join import ClusterConfig, cluster_from_tf_config, initialize  # noqa: E402
 from kdist.cluster.launcher import LaunchResult, launch  # noqa: E402
@@ -45,6 +46,7 @@ from kdist.errors import (  # noqa: E402
     RuleError,
     SizeError,
     SpecError,
+    VersionError,
 )
 from kdist.inspection import GridView, ShardingReport, grid_view, inspect  # noqa: E402
 from kdist.linting import LintReport, lint  # noqa: E402
@@ -89,6 +91,7 @@ __all__ = [
     "ShardingReport",
     "SizeError",
     "SpecError",
+    "VersionError",
     "SweepResult",
     "__version__",
     "abstract_model",
@@ -104,6 +107,7 @@ __all__ = [
     "inspect",
     "launch",
     "lint",
+    "load",
     "load_rules",
     "load_sharded",
     "make_dataset",

@@ -1,5 +1,6 @@
 """Building models without allocating their weights."""
 
+from kdist.checks import shown
 from kdist.errors import ArgumentTypeError
 from kdist.keras_internals import deferred
 
@@ -19,7 +20,7 @@ def abstract_model(build, *args, **kwargs):
     """
     if not callable(build):
         raise ArgumentTypeError(
-            f"abstract_model needs a function that builds a model; received {type(build).__name__} {build!r}."
+            f"abstract_model needs a function that builds a model; received {type(build).__name__} {shown(build)}."
         )
     with deferred():
         return build(*args, **kwargs)

@@ -6,6 +6,7 @@ only after the new one is in place.
 """
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -77,6 +78,23 @@ def remove(path):
     elif os.path.lexists(path):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+@contextlib.contextmanager
+def exclusive(directory):
+    """Hold an exclusive lock on `directory` while the block runs: one kdist writer there at a time.
+
+    The lock is the kernel's (`flock` on the directory itself), so it creates
+    no file and is released when the block ends or the process dies. It
+    orders processes of separate runs on one machine; the processes of one
+    multi-process run coordinate through barriers instead and must not take it.
+    """
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def sync_directory(directory):

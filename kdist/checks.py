@@ -5,6 +5,7 @@ kdist error that names the argument, the value received and what is accepted.
 """
 
 import numbers
+import reprlib
 
 from kdist.errors import ArgumentError
 
@@ -15,6 +16,15 @@ MAX_DEVICES = 1 << 20
 MAX_FAKE_DEVICES = 4096
 
 
+_SHOWN = reprlib.Repr()  # Python 3.11's Repr takes no keyword arguments
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 3, 80, 80
+
+
+def shown(value):
+    """`repr(value)` cut to a readable length, safe for any nesting depth and failing `__repr__`s (for errors)."""
+    return _SHOWN.repr(value)
+
+
 def is_int(value):
     """True for Python and numpy integers, False for bools."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -23,7 +33,7 @@ def is_int(value):
 def positive_int(value, name, *, maximum=None, error=ArgumentError):
     """`value` as an int >= 1 (and <= `maximum`), else `error` naming `name`."""
     if not is_int(value) or value < 1:
-        raise error(f"{name} must be a positive integer; received {value!r}.")
+        raise error(f"{name} must be a positive integer; received {shown(value)}.")
     if maximum is not None and value > maximum:
         raise error(f"{name}={value} is more than the {maximum} kdist accepts; check for a typo.")
     return int(value)
@@ -32,7 +42,7 @@ def positive_int(value, name, *, maximum=None, error=ArgumentError):
 def non_negative_int(value, name, *, error=ArgumentError):
     """`value` as an int >= 0, else `error` naming `name`."""
     if not is_int(value) or value < 0:
-        raise error(f"{name} must be an integer >= 0; received {name}={value!r}.")
+        raise error(f"{name} must be an integer >= 0; received {name}={shown(value)}.")
     return int(value)
 
 
@@ -40,16 +50,16 @@ def positive_number(value, name, *, unit="", allow_none=False, error=ArgumentErr
     """`value` as a float > 0 (finite), or None when `allow_none`."""
     if value is None and allow_none:
         return None
-    if not _is_real(value) or not 0 < value < float("inf"):
+    if not is_real(value) or not 0 < value < float("inf"):
         accepted = f"a positive number{f' of {unit}' if unit else ''}" + (" or None" if allow_none else "")
-        raise error(f"{name} must be {accepted}; received {name}={value!r}.")
+        raise error(f"{name} must be {accepted}; received {name}={shown(value)}.")
     return float(value)
 
 
 def non_negative_number(value, name, *, unit="", error=ArgumentError):
     """`value` as a float >= 0 (finite)."""
-    if not _is_real(value) or not 0 <= value < float("inf"):
-        raise error(f"{name} must be a number >= 0{f' of {unit}' if unit else ''}; received {name}={value!r}.")
+    if not is_real(value) or not 0 <= value < float("inf"):
+        raise error(f"{name} must be a number >= 0{f' of {unit}' if unit else ''}; received {name}={shown(value)}.")
     return float(value)
 
 
@@ -57,9 +67,9 @@ def one_of(value, name, choices, *, error=ArgumentError):
     """`value` if it is one of `choices`, else `error` listing them."""
     if value not in choices:
         listed = ", ".join(repr(c) for c in choices)
-        raise error(f"{name} must be one of {listed}; received {name}={value!r}.")
+        raise error(f"{name} must be one of {listed}; received {name}={shown(value)}.")
     return value
 
 
-def _is_real(value):
+def is_real(value):
     return isinstance(value, numbers.Real) and not isinstance(value, bool)

@@ -6,13 +6,15 @@ import re
 
 import jax
 
-from kdist.checks import MAX_FAKE_DEVICES, positive_int
+from kdist.checks import MAX_FAKE_DEVICES, positive_int, shown
 from kdist.errors import FakeDevicesError, SpecError
 from kdist.jax_internals import backends_initialized
 
 ENV_VAR = "KDIST_FAKE_DEVICES"
 _XLA_FLAG = "--xla_force_host_platform_device_count"
 _XLA_FLAG_SETTING = re.compile(rf"{_XLA_FLAG}=\S*")
+# The process count of the job this process was started in: `kdist launch`, Open MPI, an srun step, PMI.
+_JOB_SIZE_VARS = ("KERAS_DISTRIBUTION_NUM_PROCESSES", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "PMI_SIZE")
 _ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
 
 
@@ -32,15 +34,23 @@ def fake_devices(n):
     assert len(jax.devices()) == 8
     ```
 
+    In a process of a multi-process job whose fake devices per process are
+    already set (`kdist launch --devices-per-process D`, or `KDIST_FAKE_DEVICES=D`
+    under an engine), the job's count stays: `n` may be the devices of the
+    whole job (D x processes, as a script written for one 8-device process
+    asks for 8) or D; any other `n` raises.
+
     Args:
         n: number of CPU devices, a positive integer (at most 4096).
 
     Raises:
-        FakeDevicesError: JAX already initialised with a different device count.
+        FakeDevicesError: JAX already initialised with a different device count,
+            or `n` does not match the multi-process job this process belongs to.
     """
     n = positive_int(n, "fake_devices(n)", maximum=MAX_FAKE_DEVICES)
+    n = _per_process_count_of_job(n)
     if backends_initialized():
-        have, platform = jax.device_count(), jax.devices()[0].platform
+        have, platform = jax.local_device_count(), jax.local_devices()[0].platform  # this process's, as n is
         if have == n and platform == "cpu":
             return
         raise FakeDevicesError(
@@ -52,6 +62,26 @@ def fake_devices(n):
     os.environ.update(fake_devices_env(n, os.environ.get("XLA_FLAGS", "")))
     jax.config.update("jax_num_cpu_devices", n)
     jax.config.update("jax_platforms", "cpu")
+
+
+def _per_process_count_of_job(n):
+    """`n`, or in a job with KDIST_FAKE_DEVICES=D per process, D when `n` is D or the job's total."""
+    per_process, processes, variable = os.environ.get(ENV_VAR, ""), None, None
+    for variable in _JOB_SIZE_VARS:
+        if os.environ.get(variable, "").isdigit():
+            processes = int(os.environ[variable])
+            break
+    if not per_process.isdigit() or int(per_process) < 1 or not processes or processes < 2:
+        return n
+    per_process = int(per_process)
+    if n in (per_process, per_process * processes):
+        return per_process
+    raise FakeDevicesError(
+        f"fake_devices({n}) was called in a process of a {processes}-process job ({variable}={processes}) with "
+        f"{per_process} fake devices per process ({ENV_VAR}={per_process}): {per_process * processes} devices in "
+        f"all. Ask for {per_process * processes} (or {per_process}), or change the job's devices per process "
+        f"(kdist launch --devices-per-process, {ENV_VAR})."
+    )
 
 
 def fake_devices_env(n, xla_flags=""):
@@ -109,7 +139,7 @@ def resolve_devices(devices=None):
     if devices is None:
         return jax.devices()
     if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
-        raise SpecError(f'devices must be a list of jax devices or names such as "cpu:0"; received {devices!r}.')
+        raise SpecError(f'devices must be a list of jax devices or names such as "cpu:0"; received {shown(devices)}.')
     by_name = {device_name(d): d for d in jax.devices()}
     resolved = []
     for d in _flat(devices):
@@ -119,7 +149,7 @@ def resolve_devices(devices=None):
             d = by_name[d.lower()]
         elif not isinstance(d, jax.Device):
             raise SpecError(
-                f'devices must hold jax devices or names such as "cpu:0"; received {d!r} ({type(d).__name__}).'
+                f'devices must hold jax devices or names such as "cpu:0"; received {shown(d)} ({type(d).__name__}).'
             )
         resolved.append(d)
     if not resolved:

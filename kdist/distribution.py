@@ -5,7 +5,9 @@ import keras
 from keras.distribution import DeviceMesh, LayoutMap, ModelParallel, TensorLayout
 
 from kdist.errors import ArgumentTypeError, BatchSizeError
-from kdist.keras_internals import check_batches_with, commit_arrays_to, own_layout
+from kdist.global_batches import gather_outputs, lay_out_global_batch
+from kdist.keras_internals import commit_arrays_to, gather_predictions_with, lay_out_batches_with, own_layout
+from kdist.meshes.batching import batch_split
 from kdist.meshes.spec import ParallelDims
 from kdist.rules.placement import Placement
 from kdist.rules.placer import FSDP_MIN_SIZE
@@ -42,7 +44,11 @@ class ShardedDistribution(ModelParallel):
         roles: the role of each mesh axis; defaults to the axis names.
         spec: the spec string it was built from, for reports.
         fsdp_min_size: variables with fewer elements stay replicated over fsdp.
-        auto_shard_dataset: as in Keras's `ModelParallel`.
+        auto_shard_dataset: what every process passes to fit/evaluate/predict in a
+            multi-process run: True (default), the same global data in every
+            process (numpy arrays, tf.data, `kdist.make_dataset`), of which
+            kdist feeds each process's rows; False, each process only its own
+            rows of every global batch (see `kdist/global_batches.py`).
 
     Attributes:
         spec: the spec string the distribution was built from, if any.
@@ -51,6 +57,12 @@ class ShardedDistribution(ModelParallel):
         roles: the role of each mesh axis ("data", "fsdp", "model", "expert").
         placer: the `kdist.rules.Placer` that decides every layout.
         placements: variable path -> `Placement`, for each variable laid out so far.
+        shard_inputs: the `auto_shard_dataset` given (or set later): True when
+            every process passes the global data and kdist takes each process's rows.
+        auto_shard_dataset: what Keras reads: always False, since kdist, not
+            Keras's data adapters, gives each process its rows (Keras would
+            refuse numpy inputs in a multi-process run, and shard tf.data
+            itself). Setting it sets `shard_inputs`.
     """
 
     def __init__(
@@ -65,14 +77,29 @@ class ShardedDistribution(ModelParallel):
         self.placer = placer_for(rules, self.dims, fsdp_min_size=fsdp_min_size)
         self.spec = spec
         self.placements = {}
+        if not isinstance(auto_shard_dataset, bool):
+            raise ArgumentTypeError(f"auto_shard_dataset must be True or False; received {auto_shard_dataset!r}.")
+        self.shard_inputs = auto_shard_dataset
+        self._verify_next_batch = False
         names = self.dims.names
         super().__init__(
             layout_map=LayoutMap(device_mesh),
             batch_dim_name=self.dims.batch_axes[0] if self.dims.batch_axes else names[0],
-            auto_shard_dataset=auto_shard_dataset,
+            auto_shard_dataset=False,
         )
-        check_batches_with(_check_current_batch)
+        lay_out_batches_with(_lay_out_batch)
+        gather_predictions_with(gather_outputs)
         commit_arrays_to(MultiAxisLayout)  # else, on one device, jit compiles Keras's steps again (see there)
+
+    @property
+    def auto_shard_dataset(self):
+        return False
+
+    @auto_shard_dataset.setter
+    def auto_shard_dataset(self, value):
+        if not isinstance(value, bool):
+            raise ArgumentTypeError(f"auto_shard_dataset must be True or False; received {value!r}.")
+        self.shard_inputs = value
 
     @property
     def rules(self):
@@ -98,17 +125,42 @@ class ShardedDistribution(ModelParallel):
     def get_data_layout(self, data_shape):
         """The batch's layout: its first dimension split over the data and fsdp axes.
 
+        A batch of any size works in a single-process run: one the batch
+        shards do not divide (a single prompt, a short last batch) is split
+        over the batch axes that divide it and replicated over the others
+        (`kdist.meshes.batching`): the same examples and results as one
+        device, at the cost of repeating that batch's compute on the
+        replicated axes. Keras lays out later batches with the first batch's
+        layout; kdist re-lays out each batch whose size needs another.
+
         Raises:
-            BatchSizeError: the batch does not divide over those axes (jax
-                would raise IndivisibleError): the message names the batch size,
-                the axes and the sizes that would work.
+            BatchSizeError: in a multi-process run, the batch does not divide
+                over those axes (each process holds only its share, so it
+                cannot be replicated): the message names the batch size, the
+                axes and the sizes that would work.
         """
+        self._verify_next_batch = True  # Keras asks once per epoch, for the first batch
         axes = [None] * len(data_shape)
         batch = self.dims.batch_axes
         if batch and axes:
-            axes[0] = batch[0] if len(batch) == 1 else batch
-            self._check_batch(data_shape[0])
+            split = self._batch_split(self._global_batch_size(data_shape[0]))
+            axes[0] = (split[0] if len(split) == 1 else split) if split else None
         return MultiAxisLayout(axes, self.device_mesh)
+
+    def _global_batch_size(self, size):
+        """The global batch size for a batch of `size` this process passes (its own rows if not shard_inputs)."""
+        if self.shard_inputs or not isinstance(size, int):
+            return size
+        return size * jax.process_count()
+
+    def _batch_split(self, size):
+        """The batch axes a global batch of `size` examples is split over (see `get_data_layout`)."""
+        batch = self.dims.batch_axes
+        if not isinstance(size, int) or size % self.dims.num_batch_shards == 0:
+            return batch
+        if jax.process_count() > 1:
+            self._check_batch(size)
+        return batch_split(size, {a: self.dims.axis_sizes[a] for a in batch})
 
     def _check_batch(self, size):
         shards = self.dims.num_batch_shards
@@ -118,29 +170,45 @@ class ShardedDistribution(ModelParallel):
         spec = f"kdist.preset({self.spec!r})" if self.spec else "this distribution"
         raise BatchSizeError(
             f"A batch of {size} example(s) does not divide over the {shards} batch shards of {spec} ({axes}), "
-            f"so jax cannot split it. Use batches that are multiples of {shards} (e.g. {-(-size // shards) * shards}): "
-            "for fit/evaluate, a batch_size and a number of examples that divide; for predict and generate, pad the "
-            f"inputs to a multiple of {shards} and drop the extra outputs; or use a mesh whose batch axes divide "
-            "it (a model-parallel mesh such as 'tp' splits no batch)."
+            f"so jax cannot split it, and in a run of {jax.process_count()} processes each process holds only its "
+            f"share, so kdist cannot lay it out whole either. Use batches that are multiples of {shards} (e.g. "
+            f"{-(-size // shards) * shards}): for fit/evaluate, a batch_size and a number of examples that divide; "
+            f"for predict and generate, pad the inputs to a multiple of {shards} and drop the extra outputs; or use "
+            "a mesh whose batch axes divide it (a model-parallel mesh such as 'tp' splits no batch)."
         )
 
-    def distribute_tf_dataset(self, dataset):
-        """Keras's per-process sharding of a batched tf.data dataset, keeping its known number of batches.
+    def distribute_input(self, batch, layout, keras_lay_out):
+        """The global array of one input batch of fit/evaluate/predict (Keras passes each batch here).
 
-        Keras rebatches and shards the dataset so each process reads its piece
-        of every global batch; the result's cardinality is unknown to
-        tf.data, so every process warned "Your input ran out of data" at the
-        end of its first epoch. Each process gets exactly one piece per global
-        batch, so the count is the input's when its batches all have the same size.
+        In one process, or with `shard_inputs` False (each process passes its
+        own rows), Keras's own layout; otherwise each process passes the whole
+        global batch and supplies its devices' rows of it. Checks that the batch
+        divides over the batch axes (a single-process batch that does not is
+        laid out as `get_data_layout` says), and on the first batch of each
+        epoch that every process passed the same data.
+
+        Raises:
+            BatchSizeError: the global batch does not divide over the batch axes.
+            ArgumentError: the processes passed different data (with `shard_inputs`).
         """
-        import tensorflow as tf  # optional dependency: Keras calls this only for tf.data datasets
+        shape = getattr(batch, "shape", ())
+        if shape and self.dims.batch_axes:
+            layout = self._layout_for(tuple(int(d) for d in shape), layout)
+        if jax.process_count() == 1 or not self.shard_inputs:
+            return keras_lay_out(batch, layout)
+        verify, self._verify_next_batch = self._verify_next_batch, False
+        return lay_out_global_batch(batch, layout, verify)
 
-        batches = int(dataset.cardinality())
-        distributed = super().distribute_tf_dataset(dataset)
-        static = all(s.shape.rank and s.shape[0] is not None for s in tf.nest.flatten(dataset.element_spec))
-        if batches >= 0 and static:
-            distributed = distributed.apply(tf.data.experimental.assert_cardinality(batches))
-        return distributed
+    def _layout_for(self, shape, layout):
+        """Keras's `layout` for a batch of `shape`, or the one its size needs (Keras reuses the first batch's)."""
+        size = self._global_batch_size(shape[0])
+        split = self._batch_split(size)  # in a multi-process run, a BatchSizeError unless it divides
+        given = tuple(getattr(getattr(layout, "backend_layout", layout), "spec", None) or ())
+        if given[:1] == ((split[0] if len(split) == 1 else split) or None,):
+            return layout  # the usual case, checked without building a layout
+        axes = [None] * len(shape)
+        axes[0] = (split[0] if len(split) == 1 else split) if split else None
+        return MultiAxisLayout(axes, self.device_mesh).backend_layout
 
     def get_variable_layout(self, variable):
         layout = own_layout(variable)
@@ -166,7 +234,8 @@ class ShardedDistribution(ModelParallel):
         return self.placer.place(path, shape)
 
     def __repr__(self):
-        return f"<ShardedDistribution spec={self.spec!r} mesh={self.dims.axis_sizes} rules={self.rules.name!r}>"
+        inputs = "" if self.shard_inputs else " auto_shard_dataset=False"
+        return f"<ShardedDistribution spec={self.spec!r} mesh={self.dims.axis_sizes} rules={self.rules.name!r}{inputs}>"
 
 
 class MultiAxisLayout(TensorLayout):
@@ -190,9 +259,9 @@ def layout_axes(layout):
     return tuple(getattr(layout, "spec", ()))
 
 
-def _check_current_batch(per_process_batch):
-    """Every input batch Keras lays out under a kdist distribution divides its batch axes (else a kdist error)."""
+def _lay_out_batch(batch, layout, keras_lay_out):
+    """Every input batch Keras lays out: a kdist distribution's own way, Keras's under any other."""
     distribution = keras.distribution.distribution()
-    shape = getattr(per_process_batch, "shape", ())
-    if isinstance(distribution, ShardedDistribution) and shape and distribution.dims.batch_axes:
-        distribution._check_batch(int(shape[0]) * jax.process_count())
+    if isinstance(distribution, ShardedDistribution):
+        return distribution.distribute_input(batch, layout, keras_lay_out)
+    return keras_lay_out(batch, layout)

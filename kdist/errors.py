@@ -120,6 +120,14 @@ class LaunchError(KdistError, ValueError):
     """
 
 
+class VersionError(KdistError, ImportError):
+    """The installed Keras or jax lacks an internal that kdist relies on (it changed since the version kdist checked).
+
+    Fix: install the versions in kdist's constraints.txt (`pip install -c constraints.txt ...`); the message
+    names the missing internal and the version kdist was checked against.
+    """
+
+
 class MissingDependencyError(KdistError, ImportError):
     """An optional dependency (keras-hub, orbax-checkpoint, matplotlib, tensorflow) is not installed.
 

@@ -9,8 +9,51 @@ import contextlib
 import importlib.util
 
 import jax
-from jax._src import distributed, monitoring, xla_bridge
-from jax.experimental import topologies
+
+from kdist.errors import VersionError
+
+CHECKED = "0.10.2"
+
+try:
+    from jax._src import cloud_tpu_init, clusters, distributed, monitoring, xla_bridge
+    from jax.experimental import topologies
+except ImportError as e:
+    raise VersionError(
+        f"kdist uses jax's internal module {e.name or e}, which jax {jax.__version__} lacks; kdist was checked "
+        f"against jax {CHECKED}: pip install jax=={CHECKED} jaxlib=={CHECKED}."
+    ) from e
+
+NEEDED = {
+    "jax._src.xla_bridge": (xla_bridge, ("backends_are_initialized",)),
+    "jax._src.distributed": (distributed, ("global_state",)),
+    "jax._src.monitoring": (
+        monitoring,
+        ("register_event_duration_secs_listener", "unregister_event_duration_listener"),
+    ),
+    "jax.experimental.topologies": (topologies, ("get_topology_desc",)),
+    "jax._src.clusters": (
+        clusters,
+        ("ClusterEnv", "OmpiCluster", "SlurmCluster", "Mpi4pyCluster", "K8sCluster"),
+    ),
+    "jax._src.clusters.ClusterEnv": (
+        getattr(clusters, "ClusterEnv", None),
+        ("_cluster_types", "is_env_present", "get_coordinator_address", "get_process_count", "get_process_id"),
+    ),
+    "jax._src.cloud_tpu_init": (cloud_tpu_init, ("running_in_cloud_tpu_vm",)),
+}
+
+
+def check_internals(needed=NEEDED):
+    """Raise `VersionError` naming each private attribute in `needed` that this jax lacks."""
+    missing = [f"{where}.{name}" for where, (obj, names) in needed.items() for name in names if not hasattr(obj, name)]
+    if missing:
+        raise VersionError(
+            f"jax {jax.__version__} lacks {', '.join(missing)}, which kdist uses; kdist was checked against "
+            f"jax {CHECKED}: pip install jax=={CHECKED} jaxlib=={CHECKED}."
+        )
+
+
+check_internals()
 
 MEMORY_FIELDS = ("argument", "output", "alias", "temp")  # the *_size_in_bytes of XLA's memory analysis
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -24,6 +67,67 @@ def backends_initialized():
 def in_distributed_run():
     """Whether `jax.distributed.initialize` has joined this process to a multi-process run."""
     return distributed.global_state.client is not None
+
+
+# --- Cluster engines: jax's own detection (jax._src.clusters, checked against jax 0.10.2) --------------
+
+_JAX_CLUSTERS = {  # kdist's engine name -> the jax ClusterEnv that knows its coordinator
+    "openmpi": clusters.OmpiCluster,
+    "slurm": clusters.SlurmCluster,
+    "mpi": clusters.Mpi4pyCluster,
+    "pmix": clusters.Mpi4pyCluster,
+    "kubernetes": clusters.K8sCluster,
+}
+_JAX_CLUSTER_ENGINES = {  # jax ClusterEnv name -> the engine name kdist reports
+    "OmpiCluster": "openmpi",
+    "SlurmCluster": "slurm",
+    "Mpi4pyCluster": "mpi",
+    "K8sCluster": "kubernetes",
+    "GkeTpuCluster": "gke-tpu",
+    "GceTpuCluster": "gce-tpu",
+}
+
+
+def engine_cluster(engine, timeout_s, port=None):
+    """(coordinator "host:port", num_processes) of `engine`'s job as jax's cluster detection sees it, or None.
+
+    Open MPI: the launcher's first address (OMPI_MCA_orte_hnp_uri, Open MPI 4)
+    and a port from the job id; SLURM: the step's first node and a port from
+    the job id; MPI/PMIx: rank 0's host name, broadcast with mpi4py (when
+    installed); Kubernetes: the Job's pod 0 and parallelism (needs the
+    `kubernetes` package). `port` (JAX_COORDINATOR_PORT) replaces the derived port.
+    """
+    cluster = _JAX_CLUSTERS.get(engine)
+    if cluster is None or not cluster.is_env_present():
+        return None
+    coordinator = cluster.get_coordinator_address(timeout_secs=timeout_s, override_coordinator_port=port)
+    return coordinator, cluster.get_process_count()
+
+
+def jax_detected_cluster(timeout_s, port=None):
+    """(engine, coordinator, num_processes, process_id, local_process_id) from jax's own detection, or None.
+
+    For the environments kdist does not read itself (TPU pods). Not tried: the
+    opt-in mpi4py method, and Kubernetes (kdist reads an Indexed Job itself; jax
+    would query the API from any pod, a notebook's too, and fail there).
+    """
+    for cluster in clusters.ClusterEnv._cluster_types:
+        if cluster.opt_in_only_method or cluster is clusters.K8sCluster or not cluster.is_env_present():
+            continue
+        local = None if cloud_tpu_init.running_in_cloud_tpu_vm else cluster.get_local_process_id()
+        return (
+            _JAX_CLUSTER_ENGINES.get(cluster.__name__, cluster.__name__),
+            cluster.get_coordinator_address(timeout_secs=timeout_s, override_coordinator_port=port),
+            cluster.get_process_count(),
+            cluster.get_process_id(),
+            local,
+        )
+    return None
+
+
+def on_cloud_tpu():
+    """Whether jax found a Cloud TPU VM (then jax never narrows a process's local devices)."""
+    return bool(cloud_tpu_init.running_in_cloud_tpu_vm)
 
 
 def compile_train_step(model, state, batch):

@@ -5,18 +5,13 @@ that entry point lives in `kdist.planning.auto`, above the planner, and
 calls `build_preset` here for every explicit spec.
 """
 
-import os
-
-import jax
 from jax.experimental import mesh_utils
 from keras.distribution import DeviceMesh
 
+from kdist.cluster.engines import check_not_alone
 from kdist.devices import resolve_devices
 from kdist.distribution import ShardedDistribution
-from kdist.errors import SpecError
 from kdist.meshes.spec import ParallelDims, parse_spec
-
-NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"  # what `kdist launch` and Keras's initialize() read
 
 
 def mesh(spec, *, devices=None, axis_names=None):
@@ -47,14 +42,9 @@ def mesh(spec, *, devices=None, axis_names=None):
 def build_mesh(spec, devices=None, axis_names=None):
     """`(ParallelDims, DeviceMesh)` of `spec` on `devices` (all by default)."""
     parsed = parse_spec(spec)  # a malformed spec fails before any device is touched
-    chosen = devices
+    check_not_alone(f"the mesh {spec!r}")  # one of several tasks of a job it has not joined: say so
     devices = resolve_devices(devices)
-    try:
-        dims = parsed.resolve(len(devices))
-    except SpecError:
-        if chosen is None:
-            _check_cluster_joined(spec, len(devices))
-        raise
+    dims = parsed.resolve(len(devices))
     if axis_names is not None:
         if isinstance(axis_names, str) or not hasattr(axis_names, "__iter__"):
             axis_names = (axis_names,)
@@ -67,15 +57,3 @@ def build_preset(spec, *, devices=None, axis_names=None, rules=None):
     """A `ShardedDistribution` for an explicit spec (not "auto"): see `kdist.preset`."""
     dims, device_mesh = build_mesh(spec, devices, axis_names)
     return ShardedDistribution(device_mesh, rules, roles=dims.roles, spec=spec)
-
-
-def _check_cluster_joined(spec, num_devices):
-    """A launched process that forgot `kdist.initialize()` sees only its own devices: say so, not "too few"."""
-    processes = os.environ.get(NUM_PROCESSES, "1")
-    if jax.process_count() == 1 and processes.isdigit() and int(processes) > 1:
-        raise SpecError(
-            f"Mesh spec {spec!r} needs more than the {num_devices} device(s) this process sees, and this process is "
-            f"one of {processes} of a multi-process run ({NUM_PROCESSES}={processes}) that it has not joined: call "
-            "kdist.initialize() first thing in the script, before building a preset, so that JAX sees the devices "
-            "of every process."
-        ) from None

@@ -7,6 +7,7 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
+from kdist.checks import shown
 from kdist.errors import SizeError
 
 _UNITS = {
@@ -50,21 +51,24 @@ def parse_size(value, name="size"):
         SizeError: `value` is not a size, or is not positive.
     """
     if isinstance(value, bool):
-        raise SizeError(f"{name}={value!r} is not a size. Give {SIZE_FORMS}.")
+        raise SizeError(f"{name}={shown(value)} is not a size. Give {SIZE_FORMS}.")
     if isinstance(value, (int, float, np.integer, np.floating)):
         number = float(value)
     elif isinstance(value, str):
         match = _SIZE.fullmatch(value.strip().lower().replace(" ", ""))
         if match is None or match.group(3) not in _UNITS:
-            raise SizeError(f"{name}={value!r} is not a size. Give {SIZE_FORMS}.")
+            raise SizeError(f"{name}={shown(value)} is not a size. Give {SIZE_FORMS}.")
         mantissa, exponent, unit, _ = match.groups()
-        number = float(mantissa) * 10 ** int(exponent or 0) * _UNITS[unit]
+        # float() of the text, never 10 ** int(exponent): "1e999999999" is inf, not an hour of arithmetic.
+        number = float(f"{mantissa}e{exponent or 0}") * _UNITS[unit]
     else:
         raise SizeError(
-            f"{name} must be a number or a string such as '80GB'; received {type(value).__name__} {value!r}."
+            f"{name} must be a number or a string such as '80GB'; received {type(value).__name__} {shown(value)}."
         )
     if not math.isfinite(number) or number <= 0:
-        raise SizeError(f"{name}={value!r} must be a positive size. Give {SIZE_FORMS}.")
+        raise SizeError(f"{name}={shown(value)} must be a positive, finite size. Give {SIZE_FORMS}.")
+    if number < 1:
+        raise SizeError(f"{name}={shown(value)} is {number:g} bytes, less than one byte. Give {SIZE_FORMS}.")
     return int(round(number))
 
 

@@ -15,6 +15,7 @@ import os
 import sys
 
 from kdist.abstract import abstract_model
+from kdist.checks import shown
 from kdist.errors import ArgumentError, MissingDependencyError, ModelError
 from kdist.models import mnist_mlp, small_cnn, tiny_transformer
 from kdist.rules.hub import BACKBONES
@@ -344,7 +345,7 @@ for _family, _build in tiny_entries().items():
 def model_builder(name):
     """A zero-argument function building the model `name` names (see `MODEL_HELP`)."""
     if not isinstance(name, str) or not name:
-        raise ArgumentError(f"A model name must be a non-empty string; received {name!r}.")
+        raise ArgumentError(f"A model name must be a non-empty string; received {shown(name)}.")
     if name in ENTRIES:
         return ENTRIES[name][0]
     if name.startswith("hub:") or os.path.isfile(os.path.join(name, "config.json")):

@@ -63,3 +63,21 @@ def test_fake_devices_env_replaces_the_device_count_and_keeps_other_flags():
         "XLA_FLAGS": "--xla_cpu_foo=1 --xla_bar --xla_force_host_platform_device_count=4",
     }
     assert fake_devices_env(2)["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
+
+
+@pytest.mark.parametrize("size_var", ["KERAS_DISTRIBUTION_NUM_PROCESSES", "OMPI_COMM_WORLD_SIZE"])
+def test_in_a_multi_process_job_the_jobs_devices_per_process_stay(monkeypatch, size_var):
+    monkeypatch.setenv("KDIST_FAKE_DEVICES", "4")  # 2 processes x 4 devices, as `kdist launch -n 2` sets them
+    monkeypatch.setenv(size_var, "2")
+    with pytest.raises(
+        FakeDevicesError,
+        match=rf"fake_devices\(6\) was called in a process of a 2-process job "
+        rf"\({size_var}=2\) with 4 fake devices per process .* Ask for 8 \(or 4\)",
+    ):
+        kdist.fake_devices(6)
+    # 8 (the whole job, as the README's example asks) and 4 keep 4 per process; here jax has 8 already:
+    for n in (8, 4):
+        with pytest.raises(FakeDevicesError, match=r"fake_devices\(4\) was called after JAX initialised with 8"):
+            kdist.fake_devices(n)
+    monkeypatch.setenv(size_var, "1")
+    kdist.fake_devices(8)  # one process: as before

@@ -1,5 +1,10 @@
-"""ShardedDistribution at the edges of the batch: sizes that do not divide the batch axes get a kdist error."""
+"""ShardedDistribution at the edges of the batch: any batch size gives one device's results (split over the batch
+axes that divide it, replicated over the rest); in a multi-process run, a size that does not divide is a kdist error."""
 
+import contextlib
+
+import jax
+import keras
 import numpy as np
 import pytest
 
@@ -15,27 +20,96 @@ def _compiled(spec):
     return dist, model
 
 
-@pytest.mark.parametrize("spec, examples, shards", [("2x4", 1, 2), ("fsdp", 1, 8), ("fsdp", 2, 8), ("dp", 3, 8)])
-def test_predict_with_fewer_examples_than_the_batch_axes_names_the_fix(spec, examples, shards):
-    dist, model = _compiled(spec)
-    with dist.scope(), pytest.raises(kdist.BatchSizeError) as error:
-        model.predict(np.zeros((examples, 28, 28, 1), np.float32), verbose=0)
+SPECS = ["2x4", "fsdp", "dp", "2x2x2"]
+RNG = np.random.default_rng(0)
+X, Y = RNG.random((13, 28, 28, 1), np.float32), RNG.integers(0, 10, 13)
+
+
+def _compiled_like_one_device(spec, **compile_args):
+    """mnist_mlp with seed 0 under `spec` (None: one device), compiled; its distribution."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    dist = kdist.preset(spec) if spec else None
+    with dist.scope() if dist else contextlib.nullcontext():
+        model = mnist_mlp()
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", **compile_args)
+    return dist, model
+
+
+def _under(dist):
+    return dist.scope() if dist else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize(
+    "examples, split",
+    [
+        (1, {"2x4": None, "fsdp": None, "dp": None, "2x2x2": None}),
+        (2, {"2x4": "data", "fsdp": None, "dp": None, "2x2x2": "data"}),
+        (6, {"2x4": "data", "fsdp": None, "dp": None, "2x2x2": "data"}),
+        (12, {"2x4": "data", "fsdp": None, "dp": None, "2x2x2": ("data", "fsdp")}),
+        (16, {"2x4": "data", "fsdp": "fsdp", "dp": "data", "2x2x2": ("data", "fsdp")}),
+    ],
+)
+def test_a_batch_is_split_over_the_batch_axes_that_divide_it(examples, split):
+    for spec, axis in split.items():
+        assert kdist.preset(spec).get_data_layout((examples, 784)).axes == (axis, None), (spec, examples)
+
+
+@pytest.mark.parametrize("examples", [1, 2, 3, 13])
+def test_predict_with_any_number_of_examples_equals_one_device(examples):
+    _, reference = _compiled_like_one_device(None)
+    expected = reference.predict(X[:examples], verbose=0)
+    for spec in SPECS:
+        dist, model = _compiled_like_one_device(spec)
+        with dist.scope():
+            got = model.predict(X[:examples], batch_size=8, verbose=0)  # 13: a batch of 8, then one of 5
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=spec)
+
+
+def test_evaluate_with_a_short_last_batch_equals_one_device():
+    weights = RNG.random(13).astype(np.float32)
+    args = dict(metrics=["accuracy"], weighted_metrics=["sparse_categorical_accuracy"])
+    _, reference = _compiled_like_one_device(None, **args)
+    expected = [reference.evaluate(X, Y, batch_size=8, verbose=0, sample_weight=w) for w in (None, weights)]
+    for spec in SPECS:
+        dist, model = _compiled_like_one_device(spec, **args)
+        with dist.scope():
+            got = [model.evaluate(X, Y, batch_size=8, verbose=0, sample_weight=w) for w in (None, weights)]
+        np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=spec)  # the loss: a mean over 13, not 16
+
+
+@pytest.mark.parametrize("batch_size", [6])  # 6, 6, 1: split over data on "2x4" and "2x2x2", whole on "fsdp"
+def test_fit_on_a_dataset_size_the_batch_shards_do_not_divide_equals_one_device(batch_size):
+    _, reference = _compiled_like_one_device(None)
+    expected = reference.fit(X, Y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0).history["loss"]
+    for spec in ("2x4", "fsdp", "2x2x2"):
+        dist, model = _compiled_like_one_device(spec)
+        with dist.scope():
+            losses = model.fit(X, Y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0).history["loss"]
+        np.testing.assert_allclose(losses, expected, rtol=1e-5, err_msg=spec)
+        for got, want in zip(model.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=spec)  # Adam: float noise
+
+
+def test_an_activation_layout_over_the_data_axis_takes_a_short_batch():
+    rules = {"mlp/d1/kernel": (None, "model"), "mlp/d2/output": ("data", None)}
+    _, reference = _compiled_like_one_device(None)
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    with kdist.preset("2x4", rules=rules).scope():
+        model = mnist_mlp()
+        got = model.predict(X[:3], verbose=0)
+    np.testing.assert_allclose(got, reference.predict(X[:3], verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_multi_process_batch_that_does_not_divide_names_the_fix(monkeypatch):
+    dist = kdist.preset("2x4")
+    monkeypatch.setattr(jax, "process_count", lambda: 2)  # each process holds only its share: no replication
+    with pytest.raises(kdist.BatchSizeError) as error:
+        dist.get_data_layout((3, 784))
     message = str(error.value)
-    assert (
-        f"A batch of {examples} example(s) does not divide over the {shards} batch shards of kdist.preset({spec!r})"
-        in message
-    )
-    assert f"multiples of {shards}" in message and "pad the inputs" in message
-
-
-def test_fit_and_evaluate_with_an_indivisible_batch_name_the_fix():
-    dist, model = _compiled("dp")
-    x, y = np.zeros((12, 28, 28, 1), np.float32), np.zeros(12, np.int32)
-    with dist.scope():
-        with pytest.raises(kdist.BatchSizeError, match=r"batch of 12 example\(s\) does not divide over the 8"):
-            model.fit(x, y, batch_size=12, verbose=0)
-        with pytest.raises(kdist.BatchSizeError, match=r"batch of 4 example\(s\)"):  # the last, partial batch
-            model.evaluate(x, y, batch_size=8, verbose=0)
+    assert "A batch of 3 example(s) does not divide over the 2 batch shards of kdist.preset('2x4')" in message
+    assert "multiples of 2" in message
 
 
 def test_a_model_parallel_mesh_takes_any_batch():
@@ -44,35 +118,26 @@ def test_a_model_parallel_mesh_takes_any_batch():
         assert model.predict(np.zeros((1, 28, 28, 1), np.float32), verbose=0).shape == (1, 10)
 
 
-def test_generate_with_one_prompt_on_a_data_axis_names_the_fix():
-    keras_hub = pytest.importorskip("keras_hub")
-    dist = kdist.preset("2x4")
-    with dist.scope():
-        backbone = keras_hub.models.GPT2Backbone(
-            vocabulary_size=64, num_layers=1, num_heads=4, hidden_dim=32, intermediate_dim=64, max_sequence_length=16
-        )
-        lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-        prompt = {"token_ids": np.ones((1, 8), "int32"), "padding_mask": np.ones((1, 8), "bool")}
-        with pytest.raises(
-            kdist.BatchSizeError, match=r"batch of 1 example\(s\) does not divide over the 2 batch shards"
-        ):
-            lm.generate(prompt, stop_token_ids=None)
-        two = {k: np.repeat(v, 2, axis=0) for k, v in prompt.items()}
-        assert lm.generate(two, stop_token_ids=None)["token_ids"].shape == (2, 8)
+def test_keras_shards_no_inputs_of_a_kdist_distribution_and_the_users_choice_stays_visible():
+    pytest.importorskip("tensorflow")
+    from keras.src.trainers.data_adapters import get_data_adapter  # what fit() calls first
 
-
-def test_a_dataset_sharded_over_processes_keeps_its_number_of_batches():
-    tf = pytest.importorskip("tensorflow")
     dist = kdist.preset("2x4")
+    assert (dist.shard_inputs, dist.auto_shard_dataset) == (True, False)  # kdist gives each process its rows
     dist._num_processes, dist._process_id, dist._is_multi_process = 2, 1, True  # as process 1 of 2 sees it
     dataset = kdist.make_dataset(
         np.zeros((96, 3), np.float32), np.zeros(96, np.int32), global_batch_size=32, distribution=dist
     )
-    sharded = dist.distribute_dataset(dataset)
-    assert int(sharded.cardinality()) == 3  # Keras knows the epoch's length: no "ran out of data" warning
-    assert [x.shape[0] for x, _ in sharded] == [16, 16, 16]
-    plain = super(kdist.ShardedDistribution, dist).distribute_tf_dataset(dataset)
-    assert int(plain.cardinality()) == tf.data.UNKNOWN_CARDINALITY  # what Keras alone gives
+    assert dist.distribute_dataset(dataset) is dataset  # global batches, a known number of them
+    with dist.scope():  # Keras's own distributions refuse arrays here ("must be a tf.data.Dataset")
+        assert get_data_adapter(np.zeros((96, 3)), np.zeros(96), batch_size=32).num_batches == 3
+    dist.auto_shard_dataset = False  # Keras's spelling of "each process passes its own rows"
+    assert (dist.shard_inputs, dist.auto_shard_dataset) == (False, False)
+    assert "auto_shard_dataset=False" in repr(dist)
+    with pytest.raises(kdist.ArgumentTypeError, match="auto_shard_dataset must be True or False; received 'no'"):
+        dist.auto_shard_dataset = "no"
+    with pytest.raises(kdist.ArgumentTypeError, match="auto_shard_dataset must be True or False; received 1"):
+        kdist.ShardedDistribution(kdist.mesh("2x4"), auto_shard_dataset=1)
 
 
 def test_the_data_helpers_without_tensorflow_name_the_extra(monkeypatch):

@@ -7,8 +7,8 @@ names the docs use for "your model" and "your rules"; a block whose first line
 names a file (`# train.py`) is also written there, for the doc's commands. Shell blocks run each
 `kdist ...` line through `python -m kdist` there; their exit status must be 0,
 or 1 where the command reports a finding (lint errors, no plan), never a
-traceback. `pip` and `python -m venv` lines are the install steps CI itself
-runs from a fresh checkout. TOML and JSON blocks must parse; `text` blocks are
+traceback. `pip`, `python -m venv` and the Open MPI / SLURM install lines are the
+install steps CI itself runs from a fresh checkout. TOML and JSON blocks must parse; `text` blocks are
 outputs and synopses; every block must say which of these it is.
 """
 
@@ -30,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
 LANGUAGES = {"python", "bash", "console", "text", "toml", "json", "yaml"}
-INSTALL_STEPS = ("pip ", "python3 -m venv", "python -m venv", ". .venv")
+INSTALL_STEPS = ("pip ", "python3 -m venv", "python -m venv", ". .venv", "(command -v mpirun")  # CI installs these
 PROJECT = {
     "my_project/__init__.py": "",
     "my_project/models.py": '''

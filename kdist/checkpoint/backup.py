@@ -34,12 +34,14 @@ from kdist.checkpoint.restore import assign_all
 from kdist.checkpoint.sharded import (
     barrier,
     build_optimizer,
+    check_parent,
     check_path,
     move_into_place,
+    one_writer,
     require_model,
     write_checkpoint,
 )
-from kdist.checks import is_int
+from kdist.checks import is_int, shown
 from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, ModelError
 from kdist.keras_internals import print_msg
 
@@ -80,16 +82,19 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False, delete_checkpoint=True):
         backup_dir = check_path(backup_dir, "BackupAndRestore(backup_dir)")
-        if os.path.exists(backup_dir) and not os.path.isdir(backup_dir):
+        if os.path.lexists(backup_dir) and not os.path.isdir(backup_dir):
             raise ArgumentError(f"BackupAndRestore: backup_dir={backup_dir!r} is a file; give a directory.")
+        check_parent(os.path.join(backup_dir, INCOMING), "BackupAndRestore")
         if save_freq != "epoch" and (not is_int(save_freq) or save_freq < 1):
             raise (ArgumentError if is_int(save_freq) or isinstance(save_freq, str) else ArgumentTypeError)(
-                f"BackupAndRestore: save_freq must be 'epoch' or a positive number of batches; "
-                f"received save_freq={save_freq!r}."
+                "BackupAndRestore: save_freq must be 'epoch' or a positive number of batches; "
+                f"received save_freq={shown(save_freq)}."
             )
         for name, value in (("double_checkpoint", double_checkpoint), ("delete_checkpoint", delete_checkpoint)):
             if not isinstance(value, (bool, np.bool_)):
-                raise ArgumentTypeError(f"BackupAndRestore: {name} must be True or False; received {name}={value!r}.")
+                raise ArgumentTypeError(
+                    f"BackupAndRestore: {name} must be True or False; received {name}={shown(value)}."
+                )
         save_freq = save_freq if save_freq == "epoch" else int(save_freq)
         super().__init__(
             backup_dir,
@@ -217,14 +222,20 @@ def save_backup(model, backup_dir, *, epoch=0, batches_done=0, keep_previous=Fal
     """
     require_model(model, "save_backup")
     backup_dir = check_path(backup_dir, "save_backup(backup_dir)")
+    if os.path.lexists(backup_dir) and not os.path.isdir(backup_dir):
+        raise CheckpointError(f"save_backup: backup_dir={backup_dir!r} is a file, not a directory; give a directory.")
+    check_parent(os.path.join(backup_dir, INCOMING), "save_backup")
     if jax.process_index() == 0 and not os.path.isdir(backup_dir):
         os.makedirs(backup_dir, exist_ok=True)
         write_text(os.path.join(backup_dir, CREATED), "kdist.BackupAndRestore created this directory.\n")
     meta = {"epoch": int(epoch), "batches_done": int(batches_done)}
-    write_checkpoint(model, os.path.join(backup_dir, INCOMING), extra={"backup": meta})
-    move_into_place(
-        lambda: _rotate(backup_dir, keep_previous), "kdist_backup_saved", f"the new backup into place in {backup_dir}"
-    )
+    with one_writer(backup_dir, "save_backup"):
+        write_checkpoint(model, os.path.join(backup_dir, INCOMING), extra={"backup": meta})
+        move_into_place(
+            lambda: _rotate(backup_dir, keep_previous),
+            "kdist_backup_saved",
+            f"the new backup into place in {backup_dir}",
+        )
     return meta
 
 

@@ -7,7 +7,6 @@ checks them against the checksums the marker holds. Each raises
 `CheckpointError` naming the directory and the problem; none changes the model.
 """
 
-import json
 import os
 import re
 
@@ -18,10 +17,13 @@ from kdist.checkpoint.checksums import checksums
 from kdist.checkpoint.restore import first_line
 from kdist.errors import CheckpointError, MissingDependencyError
 from kdist.keras_internals import array_of, own_layout
+from kdist.textdata import read_json
 
 KINDS = ("trainable_variables", "non_trainable_variables", "optimizer_variables", "metrics_variables")
 REQUIRED = ("trainable_variables", "non_trainable_variables")
-CHECKPOINTABLE = "pytree"
+CHECKPOINTABLE = "pytree"  # the item kdist writes, as keras.callbacks.OrbaxCheckpoint does with Keras 3.15
+# Orbax after 0.12.8 names Keras's default item "state": both are read.
+READABLE_ITEMS = (CHECKPOINTABLE, "state")
 MARKER = "kdist_checkpoint.json"
 FORMAT = "kdist.sharded_checkpoint"
 KERAS_FILES = (".weights.h5", ".keras", ".h5")
@@ -33,9 +35,12 @@ def is_checkpoint(path):
         return False
     if os.path.isfile(os.path.join(path, MARKER)):
         return True
-    return os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA")) and os.path.isdir(
-        os.path.join(path, CHECKPOINTABLE)
-    )
+    return os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA")) and saved_item(path) is not None
+
+
+def saved_item(directory):
+    """The name of the item holding the arrays in checkpoint `directory` ("pytree" or "state"), or None."""
+    return next((name for name in READABLE_ITEMS if os.path.isdir(os.path.join(directory, name))), None)
 
 
 # --- Reading --------------------------------------------------------------------------------------
@@ -50,13 +55,14 @@ def checkpoint_dir(path):
             f"{path!r} is a file, not a checkpoint directory; load_sharded reads directories written by "
             f"save_sharded, and Keras files ending in {', '.join(KERAS_FILES)}."
         )
-    if os.path.isdir(os.path.join(path, CHECKPOINTABLE)) or os.path.isfile(os.path.join(path, MARKER)):
+    if saved_item(path) is not None or os.path.isfile(os.path.join(path, MARKER)):
         return path
     steps = [int(n) for n in os.listdir(path) if n.isdigit() and os.path.isdir(os.path.join(path, n))]
     if steps:
         return os.path.join(path, str(max(steps)))
     raise CheckpointError(
-        f"{path!r} is not a kdist/Keras Orbax checkpoint: it has no {CHECKPOINTABLE!r} directory, no {MARKER} "
+        f"{path!r} is not a kdist/Keras Orbax checkpoint: it has no {' or '.join(READABLE_ITEMS)} directory, "
+        f"no {MARKER} "
         "and no numbered steps."
     )
 
@@ -65,12 +71,13 @@ def open_checkpoint(directory):
     """(kdist's marker or None, the saved tree of array metadata); CheckpointError if either cannot be read."""
     ocp = orbax()
     marker = _read_marker(directory)
-    where = os.path.join(directory, CHECKPOINTABLE)
-    if not os.path.isdir(where):
+    item = saved_item(directory)
+    if item is None:
         raise CheckpointError(f"Checkpoint {directory!r} is incomplete: its {CHECKPOINTABLE}/ directory is missing.")
+    where = os.path.join(directory, item)
     _check_json(os.path.join(where, "_METADATA"), directory)
     try:
-        tree = ocp.metadata(directory, checkpointable_name=CHECKPOINTABLE).metadata
+        tree = ocp.metadata(directory, checkpointable_name=item).metadata
     except Exception as e:
         raise CheckpointError(f"Checkpoint {directory!r} is unreadable: {first_line(e)}") from e
     if not isinstance(tree, dict):
@@ -122,14 +129,23 @@ def match_checkpoint(saved, current, directory, required):
         )
 
 
-def read_arrays(directory, tree, current, marker):
-    """{key: array} for every saved variable the model has, read onto its sharding and checked against the checksums."""
+def read_arrays(directory, tree, current, marker, shardings=None):
+    """{key: array} for every saved variable the model has, read onto its sharding and checked against the checksums.
+
+    A variable without an array (deferred, `kdist.abstract_model`) is read onto `shardings[key]`; None or no
+    entry: to one device, uncommitted.
+    """
     ocp = orbax()
 
     def abstract(key):
         if key not in current:
             return ocp.PLACEHOLDER
         value = array_of(current[key])
+        if value is None:
+            sharding, dtype = (shardings or {}).get(key), jax.numpy.dtype(current[key].dtype)
+            if sharding is None:
+                return np.broadcast_to(np.zeros((), dtype), tuple(current[key].shape))
+            return jax.ShapeDtypeStruct(tuple(current[key].shape), dtype, sharding=sharding)
         if own_layout(current[key]) is None and not value.committed:
             # No distribution: Keras keeps the array uncommitted. Read it to host and put it back uncommitted
             # (below): a committed array beside uncommitted ones makes jit compile the train/test steps again.
@@ -138,8 +154,9 @@ def read_arrays(directory, tree, current, marker):
 
     # The abstract tree must keep the saved structure, empty groups included.
     request = _map_leaves(tree, abstract)
+    item = saved_item(directory)
     try:
-        loaded = ocp.load_checkpointables(directory, {CHECKPOINTABLE: request})[CHECKPOINTABLE]
+        loaded = ocp.load_checkpointables(directory, {item: request})[item]
     except Exception as e:
         raise CheckpointError(f"Checkpoint {directory!r} is unreadable: {first_line(e)}") from e
     loaded = {k: v for k, v in flatten(loaded).items() if k in current}
@@ -157,13 +174,9 @@ def read_arrays(directory, tree, current, marker):
 
 def _read_marker(directory):
     path = os.path.join(directory, MARKER)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            marker = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"Checkpoint {directory!r} is corrupted: {MARKER} cannot be read ({e}).") from e
+    marker = read_json(path, f"Checkpoint {directory!r} is corrupted: {MARKER}", CheckpointError)
     variables = marker.get("variables") if isinstance(marker, dict) else None
     if (
         not isinstance(marker, dict)
@@ -176,13 +189,9 @@ def _read_marker(directory):
 
 
 def _check_json(path, directory):
-    try:
-        with open(path, encoding="utf-8") as f:
-            json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"Checkpoint {directory!r} is incomplete: {path} is missing.") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"Checkpoint {directory!r} is corrupted: {path} is not valid JSON ({e}).") from e
+    if not os.path.lexists(path):
+        raise CheckpointError(f"Checkpoint {directory!r} is incomplete: {path} is missing.")
+    read_json(path, f"Checkpoint {directory!r} is corrupted: {path}", CheckpointError)
 
 
 def flat_variables(model):

@@ -21,6 +21,8 @@ so `model.load_weights(path)` (with a distribution set) reads it too, plus
 Needs the `orbax-checkpoint` package (`pip install orbax-checkpoint`).
 """
 
+import contextlib
+import glob
 import json
 import os
 
@@ -28,7 +30,7 @@ import jax
 import keras
 from jax.experimental import multihost_utils
 
-from kdist.atomic import remove, replace_directory, sibling, write_text
+from kdist.atomic import exclusive, remove, replace_directory, sibling, write_text
 from kdist.checkpoint.checksums import checksums
 from kdist.checkpoint.reading import (
     CHECKPOINTABLE,
@@ -46,7 +48,8 @@ from kdist.checkpoint.reading import (
     orbax,
     read_arrays,
 )
-from kdist.checkpoint.restore import assign_all, load_keras_file
+from kdist.checkpoint.restore import assign_all, first_line, load_keras_file
+from kdist.checks import shown
 from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, ModelError
 from kdist.keras_internals import is_live
 
@@ -84,13 +87,17 @@ def save_sharded(model, path, *, overwrite=False):
     require_model(model, "save_sharded")
     path = check_path(path, "save_sharded(path)")
     if not isinstance(overwrite, bool):
-        raise ArgumentTypeError(f"save_sharded: overwrite must be True or False; received overwrite={overwrite!r}.")
-    _check_target(path, overwrite)
-    staging = sibling(path, "kdist-staging")
-    write_checkpoint(model, staging)
-    move_into_place(
-        lambda: replace_directory(staging, path), "kdist_save_sharded", f"the new checkpoint into place at {path!r}"
-    )
+        raise ArgumentTypeError(
+            f"save_sharded: overwrite must be True or False; received overwrite={shown(overwrite)}."
+        )
+    check_parent(path, "save_sharded")
+    with one_writer(os.path.dirname(path), "save_sharded"):
+        _check_target(path, overwrite)
+        staging = sibling(path, "kdist-staging")
+        write_checkpoint(model, staging)
+        move_into_place(
+            lambda: replace_directory(staging, path), "kdist_save_sharded", f"the new checkpoint into place at {path!r}"
+        )
 
 
 def load_sharded(model, path):
@@ -176,10 +183,40 @@ def check_path(path, name):
         raise ArgumentTypeError(f"{name} must be a str or os.PathLike; received {_short(path)}.")
     text = os.fspath(path)
     if not isinstance(text, str) or not text.strip():
-        raise ArgumentError(f"{name} must be a non-empty path; received {path!r}.")
+        raise ArgumentError(f"{name} must be a non-empty path; received {shown(path)}.")
     if "\x00" in text:
-        raise ArgumentError(f"{name} contains a NUL character; received {path!r}.")
+        raise ArgumentError(f"{name} contains a NUL character; received {shown(path)}.")
     return os.path.abspath(text)
+
+
+@contextlib.contextmanager
+def one_writer(directory, caller):
+    """Create `directory` and, in a single-process run, hold its lock: concurrent saves there take turns."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"{caller}: cannot create the directory {directory!r}: {e.strerror or e}.") from None
+    if jax.process_count() > 1:
+        yield  # the processes of one run write together, in step through barriers
+        return
+    with exclusive(directory):
+        yield
+
+
+def check_parent(path, caller):
+    """A `CheckpointError` unless `path`'s nearest existing ancestor is a directory this process can write into."""
+    parent = os.path.dirname(path)
+    while parent and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise CheckpointError(
+            f"{caller}: cannot write {path!r}: {parent!r} is a file, not a directory. Choose a path under a directory."
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CheckpointError(
+            f"{caller}: cannot write {path!r}: the directory {parent!r} is not writable by this process. "
+            "Choose a writable directory or change its permissions."
+        )
 
 
 def _check_target(path, overwrite):
@@ -237,8 +274,14 @@ def write_checkpoint(model, staging, extra=None):
             write_text(os.path.join(staging, MARKER), json.dumps(marker))
     except Exception as e:
         if jax.process_index() == 0:
-            remove(staging)
-        raise CheckpointError(f"Cannot write a checkpoint to {staging!r}: {type(e).__name__}: {e}") from e
+            for partial in (staging, *glob.glob(glob.escape(staging) + ".orbax-checkpoint-tmp*")):
+                remove(partial)  # what this save created, Orbax's temporary directory included
+        full = "No space left on device" in str(e)
+        raise CheckpointError(
+            f"Cannot write a checkpoint to {staging!r}"
+            + (": the disk is full; free space or choose another path. " if full else ": ")
+            + f"Nothing was replaced. ({first_line(e)})"
+        ) from e
 
 
 def build_optimizer(model):
@@ -282,5 +325,4 @@ def _nest(flat):
 
 
 def _short(value):
-    text = repr(value)
-    return f"{text[:80]}{'...' if len(text) > 80 else ''} ({type(value).__name__})"
+    return f"{shown(value)} ({type(value).__name__})"

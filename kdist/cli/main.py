@@ -12,6 +12,7 @@ import pkgutil
 import sys
 
 from kdist.cli import commands
+from kdist.cluster.engines import running_alone
 from kdist.devices import ENV_VAR, fake_devices, has_accelerator_plugin
 from kdist.errors import KdistError
 from kdist.version import __version__
@@ -51,8 +52,9 @@ def main(argv=None):
     if args.command is None:
         args = parser.parse_args(["demo", *argv])
     try:
-        choose_devices(args)
-        return args.run(args)
+        with running_alone():  # the commands are single-process tools, also inside an srun / mpirun job
+            choose_devices(args)
+            return args.run(args)
     except KdistError as e:
         print(f"kdist: error: {e}", file=sys.stderr)
         return 2

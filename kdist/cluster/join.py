@@ -1,4 +1,4 @@
-"""Join a multi-process JAX run: `kdist.initialize()` from KERAS_DISTRIBUTION_* or TF_CONFIG.
+"""Join a multi-process JAX run: `kdist.initialize()` from arguments, KERAS_DISTRIBUTION_*, TF_CONFIG or an engine.
 
 Every process of a multi-process (multi-host) run calls `kdist.initialize()`
 before anything else touches JAX devices. It reads where the run's
@@ -8,169 +8,52 @@ coordinator is, how many processes there are and which one this is, from
 - the `KERAS_DISTRIBUTION_JOB_ADDRESSES`, `KERAS_DISTRIBUTION_NUM_PROCESSES`
   and `KERAS_DISTRIBUTION_PROCESS_ID` variables (what `kdist launch` sets and
   what `keras.distribution.initialize` reads), else
-- a `TF_CONFIG` cluster spec as written for `tf.distribute.MultiWorkerMirroredStrategy`,
+- a `TF_CONFIG` cluster spec as written for `tf.distribute.MultiWorkerMirroredStrategy`, else
+- the cluster engine that started the process (`engines.py`: SLURM's srun,
+  Open MPI's mpirun, PMI/PMIx MPIs, a Kubernetes Indexed Job), with the
+  coordinator address jax's own detection gives (`jax_internals`), else
+- jax's detection alone (TPU pods, a Kubernetes Job read through its API),
 
-and calls `keras.distribution.initialize` (that is `jax.distributed.initialize`).
+then calls `jax.distributed.initialize` with kdist's bind rule (process 0
+listens on the coordinator address only, loopback when the job is on one
+host) and installs the exit-on-fault handler (`fault_exit.py`).
 """
 
-import contextlib
-import dataclasses
-import json
 import os
-import re
+import socket
 
 import jax
-import keras
 
-from kdist.checks import is_int
+from kdist.checks import is_int, shown
+from kdist.cluster import fault_exit
+from kdist.cluster.config import (  # noqa: F401  (TF_CONFIG, ClusterConfig: importable from here, as before)
+    BIND_ADDRESS,
+    CPU_COLLECTIVES,
+    JOB_ADDRESSES,
+    NUM_PROCESSES,
+    PROCESS_ID,
+    TF_CONFIG,
+    ClusterConfig,
+    check_address,
+    describe,
+    same_cluster,
+)
+from kdist.cluster.engines import ENGINE_NAMES, alone_requested, engine_tasks
+from kdist.cluster.tf_config import cluster_from_tf_config
 from kdist.errors import ArgumentTypeError, ClusterError
-from kdist.jax_internals import backends_initialized, in_distributed_run
+from kdist.jax_internals import (
+    backends_initialized,
+    engine_cluster,
+    in_distributed_run,
+    jax_detected_cluster,
+    on_cloud_tpu,
+)
+from kdist.keras_internals import agree_on_random_seed
 
-JOB_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
-NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
-PROCESS_ID = "KERAS_DISTRIBUTION_PROCESS_ID"
-TF_CONFIG = "TF_CONFIG"
-CPU_COLLECTIVES = "KDIST_CPU_COLLECTIVES"
-BIND_ADDRESS = "JAX_COORDINATOR_BIND_ADDRESS"  # where process 0's coordination service listens (read by jax)
-_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
-
-# TF_CONFIG task types that take part in training, in process-id order: with
-# MultiWorkerMirroredStrategy the chief is worker 0 and the workers follow it.
-_TRAINING_TASKS = ("chief", "worker")
-_NOT_ON_JAX = {
-    "ps": "parameter servers (ParameterServerStrategy) have no JAX equivalent: JAX runs one "
-    "SPMD program on every process, with the variables sharded over the mesh instead",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterConfig:
-    """Where a multi-process run's coordinator is, and which process this is.
-
-    Attributes:
-        coordinator_address: "host:port" of process 0, where JAX's coordination service listens.
-        num_processes: number of processes in the run.
-        process_id: this process, in `[0, num_processes)`.
-        source: where the values came from ("arguments", "KERAS_DISTRIBUTION_*" or "TF_CONFIG").
-    """
-
-    coordinator_address: str
-    num_processes: int
-    process_id: int
-    source: str = "arguments"
-
-    def __post_init__(self):
-        if not isinstance(self.source, str):
-            raise ArgumentTypeError(f"ClusterConfig: source must be a string; received source={self.source!r}.")
-        if not isinstance(self.coordinator_address, str):
-            raise ArgumentTypeError(
-                f'{self.source}: coordinator_address must be a "host:port" string; '
-                f"received {self.coordinator_address!r} ({type(self.coordinator_address).__name__})."
-            )
-        _check_address(self.coordinator_address, self.source)
-        for name in ("num_processes", "process_id"):
-            value = getattr(self, name)
-            if not is_int(value):
-                raise ArgumentTypeError(
-                    f"{self.source}: {name} must be an integer; received {name}={value!r} ({type(value).__name__})."
-                )
-            object.__setattr__(self, name, int(value))
-        if self.num_processes < 1:
-            raise ClusterError(f"{self.source}: num_processes must be at least 1; received {self.num_processes}.")
-        if not 0 <= self.process_id < self.num_processes:
-            raise ClusterError(
-                f"{self.source}: process_id={self.process_id} is out of range for "
-                f"num_processes={self.num_processes}; expected 0 to {self.num_processes - 1}."
-            )
-
-    def env(self):
-        """The KERAS_DISTRIBUTION_* variables that describe this process."""
-        return {
-            JOB_ADDRESSES: self.coordinator_address,
-            NUM_PROCESSES: str(self.num_processes),
-            PROCESS_ID: str(self.process_id),
-        }
-
-
-def cluster_from_tf_config(tf_config):
-    """Translate a `TF_CONFIG` cluster spec into a `ClusterConfig`.
-
-    Processes are numbered chief first (if any), then the workers in order, as
-    `MultiWorkerMirroredStrategy` numbers them; the coordinator is process 0's
-    address. "evaluator" tasks are side jobs outside the training cluster and
-    are not counted; "ps" (parameter server) tasks are refused.
-
-    Example:
-
-    ```python
-    tf_config = {"cluster": {"worker": ["host1:12345", "host2:23456"]},
-                 "task": {"type": "worker", "index": 1}}
-    kdist.cluster_from_tf_config(tf_config)
-    # ClusterConfig(coordinator_address='host1:12345', num_processes=2, process_id=1, source='TF_CONFIG')
-    ```
-
-    Args:
-        tf_config: the JSON string (as in the TF_CONFIG variable) or the decoded dict.
-
-    Raises:
-        ClusterError: the spec is not valid JSON, lacks "cluster" or "task",
-            names a task that is not in the cluster, or uses parameter servers.
-    """
-    spec = _decode_tf_config(tf_config)
-    cluster, task = spec.get("cluster"), spec.get("task")
-    if not isinstance(cluster, dict) or not cluster:
-        raise ClusterError(
-            f'TF_CONFIG needs a non-empty "cluster" object such as {{"worker": ["host1:port", "host2:port"]}}; '
-            f"received cluster={cluster!r}."
-        )
-    if not isinstance(task, dict) or "type" not in task or "index" not in task:
-        raise ClusterError(
-            f'TF_CONFIG needs a "task" object with "type" and "index", such as {{"type": "worker", "index": 0}}; '
-            f"received task={task!r}."
-        )
-    for job, reason in _NOT_ON_JAX.items():
-        if cluster.get(job):
-            raise ClusterError(f'TF_CONFIG has a "{job}" job, but {reason}. Remove the "{job}" job.')
-    unknown = sorted(set(cluster) - set(_TRAINING_TASKS) - {"evaluator"})
-    if unknown:
-        raise ClusterError(
-            f"TF_CONFIG cluster has unknown job(s) {unknown}; expected 'chief', 'worker' or 'evaluator'."
-        )
-    for job in _TRAINING_TASKS:
-        addresses = cluster.get(job, [])
-        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
-            raise ClusterError(
-                f'TF_CONFIG cluster["{job}"] must be a list of "host:port" strings; received {addresses!r}.'
-            )
-        for a in addresses:
-            _check_address(a, f'TF_CONFIG cluster["{job}"]')
-    if len(cluster.get("chief", [])) > 1:
-        raise ClusterError(f'TF_CONFIG may have at most one chief; received cluster["chief"]={cluster["chief"]!r}.')
-
-    task_type, index = task["type"], task["index"]
-    if task_type == "evaluator":
-        raise ClusterError(
-            "TF_CONFIG task is an evaluator, which is not part of the training cluster: "
-            "run evaluation in a separate single-process job without kdist.initialize()."
-        )
-    if task_type not in _TRAINING_TASKS:
-        raise ClusterError(f"TF_CONFIG task type {task_type!r} is not one of {list(_TRAINING_TASKS)}.")
-    members = [(job, i) for job in _TRAINING_TASKS for i in range(len(cluster.get(job, [])))]
-    addresses = [a for job in _TRAINING_TASKS for a in cluster.get(job, [])]
-    if not members:
-        raise ClusterError('TF_CONFIG cluster lists no "chief" or "worker" addresses.')
-    if isinstance(index, bool) or not isinstance(index, int):
-        raise ClusterError(f"TF_CONFIG task index must be an integer; received {index!r}.")
-    jobs = cluster.get(task_type, [])
-    if not 0 <= index < len(jobs):
-        raise ClusterError(
-            f"TF_CONFIG task {task_type}:{index} is out of range: the cluster has "
-            f"{len(jobs)} {task_type} address(es) ({jobs})."
-        )
-    duplicates = sorted({a for a in addresses if addresses.count(a) > 1})
-    if duplicates:
-        raise ClusterError(f"TF_CONFIG cluster lists the same address more than once: {duplicates}.")
-    return ClusterConfig(addresses[0], len(members), members.index((task_type, index)), source="TF_CONFIG")
+COORDINATOR = "JAX_COORDINATOR_ADDRESS"  # read by jax too: the coordinator of an engine's job, when set
+COORDINATOR_PORT = "JAX_COORDINATOR_PORT"  # read by jax too: replaces the port derived from the job id
+LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"  # read by jax too: "0,1,2,3", the devices this process drives
+DETECTION_TIMEOUT_S = 300  # jax's default initialization_timeout
 
 
 def cluster_from_env(environ=None):
@@ -186,27 +69,40 @@ def cluster_from_env(environ=None):
     environ = os.environ if environ is None else environ
     keras_config = _from_keras_env(environ)
     tf_config = cluster_from_tf_config(environ[TF_CONFIG]) if environ.get(TF_CONFIG) else None
-    if keras_config and tf_config and not _same_cluster(keras_config, tf_config):
+    if keras_config and tf_config and not same_cluster(keras_config, tf_config):
         raise ClusterError(
-            f"KERAS_DISTRIBUTION_* describe {_describe(keras_config)} but TF_CONFIG describes "
-            f"{_describe(tf_config)}. Unset one of them."
+            f"KERAS_DISTRIBUTION_* describe {describe(keras_config)} but TF_CONFIG describes "
+            f"{describe(tf_config)}. Unset one of them."
         )
     return keras_config or tf_config
 
 
-def initialize(job_addresses=None, num_processes=None, process_id=None, *, cpu_collectives=None, bind_address=None):
-    """Join a multi-process run: `keras.distribution.initialize` from arguments, KERAS_DISTRIBUTION_* or TF_CONFIG.
+def initialize(
+    job_addresses=None,
+    num_processes=None,
+    process_id=None,
+    *,
+    cpu_collectives=None,
+    bind_address=None,
+    local_device_ids=None,
+):
+    """Join a multi-process run: from arguments, KERAS_DISTRIBUTION_*, TF_CONFIG or the cluster engine that started it.
 
     Call it first thing in every process, before building a preset. Without
     any configuration it does nothing and returns None, so the same script
-    runs on one process too. On CPU devices it enables cross-process CPU
-    collectives (gloo, or `cpu_collectives` / KDIST_CPU_COLLECTIVES).
+    runs on one process too. Under `srun`, `mpirun` (Open MPI, or an MPI with
+    mpi4py installed) or a Kubernetes Indexed Job it joins the job's other
+    tasks; set KDIST_ALONE=1 to run each task alone instead. After joining,
+    an uncaught exception (or a non-zero `sys.exit`) in this process ends it
+    at once, so that the engine ends the job. On CPU devices it enables
+    cross-process CPU collectives (gloo, or `cpu_collectives` / KDIST_CPU_COLLECTIVES).
 
-    Example (run with `kdist launch -n 2 --devices-per-process 4 train.py`):
+    Example (run with `kdist launch -n 2 --devices-per-process 4 train.py`,
+    `mpirun -n 2 python train.py` or `srun -n 2 python train.py`):
 
     ```python
     import kdist, keras
-    kdist.initialize()                      # reads what `kdist launch` set
+    kdist.initialize()                      # reads what `kdist launch`, srun or mpirun set
     keras.distribution.set_distribution(kdist.preset("2x4"))   # 8 devices over 2 processes
     ```
 
@@ -217,75 +113,175 @@ def initialize(job_addresses=None, num_processes=None, process_id=None, *, cpu_c
         cpu_collectives: "gloo" or "mpi"; default KDIST_CPU_COLLECTIVES, else "gloo" on CPU.
         bind_address: "host:port" where process 0's coordination service listens; default
             JAX_COORDINATOR_BIND_ADDRESS, else the coordinator address.
+        local_device_ids: the accelerator ids this process drives (an id or a list); default
+            JAX_LOCAL_DEVICE_IDS, else all of the host's when the engine started one process on it,
+            else the one of its local rank (as jax does). Not used on CPU.
 
     Returns:
-        The `ClusterConfig` in force, or None for a single-process run.
+        The `ClusterConfig` in force (with the engine and the process layout), or None for a
+        single-process run.
 
     Raises:
-        ClusterError: the configuration is malformed or inconsistent, or JAX
-            already ran a computation (too late to join a cluster).
+        ClusterError: the configuration is malformed or inconsistent, the engine's job has no
+            coordinator kdist can find, or JAX already ran a computation (too late to join a cluster).
     """
     global _initialized_config
-    _check_kinds(job_addresses, num_processes, process_id, cpu_collectives, bind_address)
+    _check_kinds(job_addresses, num_processes, process_id, cpu_collectives, bind_address, local_device_ids)
     if bind_address is not None:
-        _check_address(bind_address, "kdist.initialize(bind_address)")
+        check_address(bind_address, "kdist.initialize(bind_address)")
     if cpu_collectives is not None and cpu_collectives not in ("gloo", "mpi"):
         raise ClusterError(f"cpu_collectives must be 'gloo' or 'mpi'; received {cpu_collectives!r}.")
-    config = _from_arguments(job_addresses, num_processes, process_id) or cluster_from_env()
+    arguments = _from_arguments(job_addresses, num_processes, process_id)
+    if arguments is None and _initialized_config is not None:
+        return _initialized_config
+    config = arguments or cluster_from_env() or (None if alone_requested() else _from_engine(os.environ))
     if config is None:
         return None
     if _initialized_config is not None:
-        if _same_cluster(_initialized_config, config):
-            return config
+        if same_cluster(_initialized_config, config):
+            return _initialized_config
         raise ClusterError(
-            f"kdist.initialize() already joined {_describe(_initialized_config)}; cannot join {_describe(config)}."
+            f"kdist.initialize() already joined {describe(_initialized_config)}; cannot join {describe(config)}."
         )
-    _check_jax_not_started()
+    _check_jax_not_started(config)
     _set_cpu_collectives(cpu_collectives)
     bind = bind_address or os.environ.get(BIND_ADDRESS) or config.coordinator_address
-    with _environment(BIND_ADDRESS, bind):  # keras.distribution.initialize passes no bind address to jax
-        keras.distribution.initialize(config.coordinator_address, config.num_processes, config.process_id)
+    if config.process_id == 0 and bind_address is None and not os.environ.get(BIND_ADDRESS):
+        _check_bind_reachable(config)
+    jax.distributed.initialize(
+        config.coordinator_address,
+        config.num_processes,
+        config.process_id,
+        local_device_ids=_local_device_ids(local_device_ids, config),
+        cluster_detection_method="deactivate",  # kdist found the job itself (jax's detection ignores the bind rule)
+        coordinator_bind_address=bind,
+    )
+    agree_on_random_seed()  # as keras.distribution.initialize does
     _initialized_config = config
+    fault_exit.install(config)
     return config
 
 
 _initialized_config = None  # the ClusterConfig this process joined
 
 
-def _check_kinds(job_addresses, num_processes, process_id, cpu_collectives, bind_address):
+def _from_engine(environ):
+    """The `ClusterConfig` of the engine's job this process is a task of, or None outside one (or alone in it)."""
+    port = environ.get(COORDINATOR_PORT) or None
+    tasks = engine_tasks(environ)
+    if tasks is None:
+        found = _ask_jax("its cluster detection", lambda: jax_detected_cluster(DETECTION_TIMEOUT_S, port))
+        if found is None or found[2] < 2:
+            return None
+        engine, coordinator, count, rank, local = found
+        return ClusterConfig(coordinator, count, rank, "jax cluster detection", engine, local)
+    count, given = tasks.num_processes, environ.get(COORDINATOR)
+    if count is not None and count < 2:
+        return None
+    jax_view = None
+    if not (given and count):
+        jax_view = _ask_jax(tasks.engine, lambda: engine_cluster(tasks.engine, DETECTION_TIMEOUT_S, port))
+    count = count or (jax_view and jax_view[1])
+    if count == 1 or (count is None and not tasks.several):
+        return None  # a job of one task; or rank 0 where the environment cannot tell (PMIx, Kubernetes)
+    coordinator = given or (jax_view and jax_view[0])
+    if not coordinator or not count:
+        raise ClusterError(
+            f"This process is task {tasks.process_id} of a job started by {ENGINE_NAMES[tasks.engine]} "
+            f"({tasks.seen()}), but kdist cannot tell {'where its coordinator is' if count else 'its task count'}: "
+            f"{_NO_COORDINATOR_FIX.get(tasks.engine, '')}Set {COORDINATOR}=HOST:PORT (process 0's host and a free "
+            f"port) and KERAS_DISTRIBUTION_NUM_PROCESSES, or KERAS_DISTRIBUTION_* in full, in every task's "
+            "environment; or set KDIST_ALONE=1 to run each task alone."
+        )
+    if tasks.single_host and not given:
+        coordinator = "127.0.0.1:" + coordinator.rsplit(":", 1)[1]  # every task is here: loopback
+    source = ", ".join(tasks.variables)
+    return ClusterConfig(
+        coordinator, count, tasks.process_id, source, tasks.engine, tasks.local_process_id, tasks.local_num_processes
+    )
+
+
+def _ask_jax(what, ask):
+    """`ask()` (jax's cluster detection), with its failures (a Kubernetes API error) raised as ClusterError."""
+    try:
+        return ask()
+    except (RuntimeError, ValueError, KeyError, OSError) as e:
+        raise ClusterError(
+            f"jax's detection of the {what} job failed: {type(e).__name__}: {e}. Give the job's layout "
+            f"yourself: KERAS_DISTRIBUTION_* in every task's environment (or {COORDINATOR}=HOST:PORT), or set "
+            "KDIST_ALONE=1 to run each task alone."
+        ) from e
+
+
+_NO_COORDINATOR_FIX = {
+    "openmpi": "jax reads the coordinator from OMPI_MCA_orte_hnp_uri, which Open MPI 5 no longer sets. ",
+    "mpi": "jax finds rank 0's host through mpi4py, which is not installed (pip install mpi4py). ",
+    "pmix": "jax finds rank 0's host through mpi4py, which is not installed (pip install mpi4py). ",
+    "kubernetes": (
+        "the task count and pod 0's address are in the Job object, which jax reads only with the `kubernetes` "
+        "package (pip install 'jax[k8s]') and a service account allowed to read pods and jobs. "
+    ),
+}
+
+
+def _local_device_ids(argument, config):
+    """The accelerator ids this process drives: the argument, JAX_LOCAL_DEVICE_IDS, or the engine's layout."""
+    if argument is not None:
+        return [int(argument)] if is_int(argument) else [int(i) for i in argument]
+    value = os.environ.get(LOCAL_DEVICE_IDS, "").strip()
+    if value:
+        try:
+            return [int(i) for i in value.split(",")]
+        except ValueError:
+            raise ClusterError(
+                f"{LOCAL_DEVICE_IDS}={shown(value)} is not a comma-separated list of device ids such as 0,1,2,3."
+            ) from None
+    if config.local_num_processes == 1 or config.local_process_id is None or on_cloud_tpu():
+        return None  # every device of the host
+    return [config.local_process_id]  # one device per process, as jax does under an engine
+
+
+def _check_bind_reachable(config):
+    """A job over several hosts must not have its coordinator listen on a loopback address only."""
+    if config.local_num_processes is None or config.local_num_processes == config.num_processes:
+        return
+    host = config.coordinator_address.rsplit(":", 1)[0].strip("[]")
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return
+    if address.startswith("127."):
+        raise ClusterError(
+            f"The job spans several hosts, but its coordinator {config.coordinator_address} resolves to "
+            f"{address} here, a loopback address the other hosts cannot reach (Debian's /etc/hosts maps the host "
+            f"name to 127.0.1.1). Set {BIND_ADDRESS}=[::]:{config.coordinator_address.rsplit(':', 1)[1]} (every "
+            f"interface) or to this host's address on the job's network."
+        )
+
+
+def _check_kinds(job_addresses, num_processes, process_id, cpu_collectives, bind_address, local_device_ids):
     for name, value, accepted in (
         ("job_addresses", job_addresses, 'a "host:port" string (or comma-separated addresses)'),
         ("cpu_collectives", cpu_collectives, "'gloo' or 'mpi'"),
         ("bind_address", bind_address, 'a "host:port" string'),
     ):
         if value is not None and not isinstance(value, str):
-            raise ArgumentTypeError(f"kdist.initialize: {name} must be {accepted} or None; received {name}={value!r}.")
+            raise ArgumentTypeError(
+                f"kdist.initialize: {name} must be {accepted} or None; received {name}={shown(value)}."
+            )
     for name, value in (("num_processes", num_processes), ("process_id", process_id)):
         if value is not None and not is_int(value):
-            raise ArgumentTypeError(f"kdist.initialize: {name} must be an integer or None; received {name}={value!r}.")
-
-
-@contextlib.contextmanager
-def _environment(name, value):
-    """Set environment variable `name` to `value` inside the block, and restore it after."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
-def _same_cluster(a, b):
-    """Whether two configs describe the same process of the same run, wherever they came from."""
-    return (a.coordinator_address, a.num_processes, a.process_id) == (
-        b.coordinator_address,
-        b.num_processes,
-        b.process_id,
-    )
+            raise ArgumentTypeError(
+                f"kdist.initialize: {name} must be an integer or None; received {name}={shown(value)}."
+            )
+    ids = [local_device_ids] if is_int(local_device_ids) else local_device_ids
+    if ids is not None and (
+        isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__") or not all(is_int(i) and i >= 0 for i in ids)
+    ):
+        raise ArgumentTypeError(
+            "kdist.initialize: local_device_ids must be a device id, a list of device ids (integers >= 0) or None; "
+            f"received local_device_ids={local_device_ids!r}."
+        )
 
 
 def _from_arguments(job_addresses, num_processes, process_id):
@@ -314,7 +310,11 @@ def _from_keras_env(environ):
         try:
             ints.append(int(value))
         except ValueError:
-            raise ClusterError(f"{name}={value!r} is not an integer.") from None
+            raise ClusterError(
+                f"{name}={shown(value)} is not an integer. Set it to a whole number: "
+                f"{names[1]} to the number of processes (e.g. 2), {names[2]} to this process's index "
+                f"from 0 to {names[1]} - 1."
+            ) from None
     return _config_from_values(values[0], *ints, source)
 
 
@@ -327,45 +327,11 @@ def _config_from_values(job_addresses, num_processes, process_id, source):
     return ClusterConfig(addresses[0], num_processes, process_id, source=source)
 
 
-def _decode_tf_config(tf_config):
-    if isinstance(tf_config, dict):
-        return tf_config
-    if not isinstance(tf_config, (str, bytes)):
-        raise ArgumentTypeError(
-            f"tf_config must be a TF_CONFIG JSON string or its decoded dict; received {tf_config!r} "
-            f"({type(tf_config).__name__})."
-        )
-    try:
-        spec = json.loads(tf_config)
-    except (TypeError, json.JSONDecodeError) as e:
-        raise ClusterError(f"TF_CONFIG is not valid JSON ({e}); received {tf_config!r}.") from None
-    if not isinstance(spec, dict):
-        raise ClusterError(f'TF_CONFIG must be a JSON object with "cluster" and "task"; received {tf_config!r}.')
-    return spec
-
-
-def _check_address(address, source):
-    match = _ADDRESS.fullmatch(address) if isinstance(address, str) else None
-    if not match or not 0 < int(match.group(2)) < 65536:
-        where = f"{source}: " if source else ""
-        raise ClusterError(
-            f'{where}address {address!r} is not of the form "host:port" (a host name, an IPv4 address or '
-            "[IPv6 address], and a port from 1 to 65535)."
-        )
-
-
-def _describe(config):
-    return (
-        f"process {config.process_id} of {config.num_processes} with coordinator "
-        f"{config.coordinator_address} ({config.source})"
-    )
-
-
-def _check_jax_not_started():
+def _check_jax_not_started(config):
     if backends_initialized() and not in_distributed_run():
         raise ClusterError(
-            "kdist.initialize() was called after JAX had initialised its devices. Call it first "
-            "thing in the script, before building a preset, a model or any array."
+            f"kdist.initialize() was called after JAX had initialised its devices, too late to join "
+            f"{describe(config)}. Call it first thing in the script, before building a preset, a model or any array."
         )
 
 

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from kdist.checks import is_int, non_negative_number, positive_int, positive_number
+from kdist.checks import is_int, non_negative_number, positive_int, positive_number, shown
 from kdist.errors import ArgumentTypeError, LaunchError
 
 
@@ -123,6 +123,6 @@ def flag(value, name):
 
 def wrong_kind(name, value, accepted):
     """Raise ArgumentTypeError naming the argument, the value and its type, and what is accepted."""
-    text = repr(value)
-    text = f"{text[:80]}..." if len(text) > 80 else text
-    raise ArgumentTypeError(f"launch: {name} must be {accepted}; received {name}={text} ({type(value).__name__}).")
+    raise ArgumentTypeError(
+        f"launch: {name} must be {accepted}; received {name}={shown(value)} ({type(value).__name__})."
+    )

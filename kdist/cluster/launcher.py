@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -52,6 +53,14 @@ MAX_PROCESSES = 1024  # one machine: more is a typo
 DEFAULT_HANG_TIMEOUT = 300.0
 DEFAULT_GRACE_PERIOD = 5.0
 QUIET = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}  # TensorFlow's start-up notices
+# Gloo (the CPU collectives) prints to stdout, for every device, every time a communicator forms:
+# "[Gloo] Rank 3 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7", from several
+# threads at once, so pieces of such lines interleave ("[Gloo] Rank [Gloo] Rank 6 is connected ..." then
+# "7 is connected to ..."). A line made only of those pieces (not only of numbers) is one of them.
+GLOO_PIECES = re.compile(
+    r"(?:\[Gloo\] Rank |\d+| is connected to | peer ranks\. Expected number of connected peer ranks is : )+"
+)
+SHOW_GLOO = "KDIST_SHOW_GLOO"  # set to 1 (in the launcher's environment) to relay those lines anyway
 with open(launch_child.__file__, encoding="utf-8") as _source:
     BOOTSTRAP = _source.read()
 
@@ -113,10 +122,11 @@ def launch(
     KERAS_DISTRIBUTION_PROCESS_ID (and KDIST_PROCESS_RANK), the process count,
     and the coordinator address (127.0.0.1 and a free port unless given; the
     coordinator listens there only). Output lines are prefixed with
-    "[rank N] ". When a process fails (an exception, a non-zero exit, a
-    signal) or hangs, the others and everything they started are stopped
-    (SIGTERM, SIGKILL after `grace_period` seconds); Ctrl-C or SIGTERM to the
-    launcher stops them all too.
+    "[rank N] "; the CPU collectives' "[Gloo] Rank N is connected to ..."
+    lines are dropped (KDIST_SHOW_GLOO=1 keeps them). When a process fails
+    (an exception, a non-zero exit, a signal) or hangs, the others and
+    everything they started are stopped (SIGTERM, SIGKILL after
+    `grace_period` seconds); Ctrl-C or SIGTERM to the launcher stops them all too.
 
     Example:
 
@@ -200,6 +210,11 @@ def process_env(rank, num_processes, devices_per_process, coordinator_address, b
         env.setdefault(name, value)
     env.update(extra or {})
     return env
+
+
+def is_gloo_noise(line):
+    """Whether an output line is (pieces of) Gloo's "[Gloo] Rank N is connected to M peer ranks ..." lines."""
+    return GLOO_PIECES.fullmatch(line) is not None and not line.strip().isdigit()
 
 
 def free_port(host="127.0.0.1"):
@@ -297,8 +312,11 @@ class _Run:
         self.threads.append(thread)
 
     def _forward(self, rank, pipe):
+        quiet = os.environ.get(SHOW_GLOO, "") in ("", "0")
         for raw in iter(pipe.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
+            if quiet and is_gloo_noise(line):
+                continue
             self.watch.output(rank, line)
             with self.lock:
                 if self.options.capture:

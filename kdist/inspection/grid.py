@@ -7,6 +7,7 @@ import jax
 import keras
 import numpy as np
 
+from kdist.checks import shown
 from kdist.devices import device_name
 from kdist.distribution import layout_axes
 from kdist.errors import ArgumentError
@@ -107,7 +108,8 @@ def grid_view(x, rows=None, cols=None, *, distribution=None, name=None):
     distribution = distribution if distribution is not None else keras.distribution.distribution()
     if distribution is None:
         raise ArgumentError(
-            f"grid_view received {path!r} without a value and no distribution: pass distribution=kdist.preset(...)."
+            f"grid_view received {shown(path)} without a value and no distribution: "
+            f"pass distribution=kdist.preset(...)."
         )
     layout = distribution.get_variable_layout(x)
     spec = full_spec(layout_axes(layout), len(x.shape), x.path)

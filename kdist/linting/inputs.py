@@ -5,10 +5,14 @@ import math
 
 import jax
 
-from kdist.errors import ArgumentTypeError, ModelError
+from kdist.checks import is_int, shown
+from kdist.errors import ArgumentError, ArgumentTypeError, ModelError
 from kdist.keras_internals import layers
 from kdist.meshes.spec import ParallelDims, as_dims
 from kdist.units import itemsize
+
+# No accelerator holds a dimension of more elements than this; larger sizes are typos.
+MAX_DIMENSION = 2**48
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,17 +35,16 @@ def lint_variables(obj):
         if isinstance(item, tuple):
             if len(item) not in (2, 3):
                 raise ArgumentTypeError(
-                    f"A variable tuple is (path, shape) or (path, shape, dtype); received {item!r}."
+                    f"A variable tuple is (path, shape) or (path, shape, dtype); received {shown(item)}."
                 )
             path, shape, dtype = (*item, "float32") if len(item) == 2 else item
         elif hasattr(item, "path") and hasattr(item, "shape"):
             path, shape, dtype = item.path, item.shape, item.dtype
         else:
             raise ArgumentTypeError(
-                f"lint() received {type(item).__name__} {item!r} where a variable or (path, shape) was expected."
+                f"lint() received {type(item).__name__} {shown(item)} where a variable or (path, shape) was expected."
             )
-        shape = tuple(int(d) for d in shape)
-        out.append(LintVariable(path, shape, math.prod(shape) * itemsize(dtype)))
+        out.append(_variable(path, shape, dtype))
     if not out:
         name = f" {obj.name!r}" if hasattr(obj, "name") else ""
         raise ModelError(
@@ -49,6 +52,26 @@ def lint_variables(obj):
             "(give it an Input or call build()) before linting it, or pass its variables."
         )
     return out
+
+
+def _variable(path, shape, dtype):
+    """A `LintVariable`, or a kdist error naming the variable and what a path, shape and dtype must be."""
+    if not isinstance(path, str) or not path:
+        raise ArgumentTypeError(f"A variable's path must be a non-empty string; received {shown(path)}.")
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise ArgumentTypeError(f"Variable {path!r}: shape must be a tuple of sizes; received {shown(shape)}.")
+    shape = tuple(shape)
+    if not all(is_int(d) and 0 <= d <= MAX_DIMENSION for d in shape):
+        raise ArgumentError(
+            f"Variable {path!r}: shape must hold integer sizes from 0 to {MAX_DIMENSION}; received {shown(shape)}."
+        )
+    try:
+        size = itemsize(dtype)
+    except TypeError:
+        raise ArgumentError(
+            f"Variable {path!r}: dtype must be a dtype such as 'float32' or 'bfloat16'; received {shown(dtype)}."
+        ) from None
+    return LintVariable(path, tuple(int(d) for d in shape), math.prod(int(d) for d in shape) * size)
 
 
 def output_paths(obj):

@@ -31,7 +31,8 @@ class LayoutMapChecker:
                 )
             )
         sizes = dims.axis_sizes
-        for key, axes in self.rules.keys.items():
+        for key in self.rules.keys:
+            axes = self.rules.bound(key, dims)  # "batch" is the data axis, as presets read it
             for name in unknown_axes(axes, sizes):
                 self.findings.append(
                     Finding(
@@ -59,7 +60,7 @@ class LayoutMapChecker:
                 placements[v.path] = (None,) * len(v.shape)
                 continue
             key = keys[0]
-            axes = self.rules.keys[key]
+            axes = self.rules.bound(key, self.dims)
             if key in bad or not self._layout_findings(v, key, axes):
                 continue
             placements[v.path] = axes + (None,) * (len(v.shape) - len(axes))

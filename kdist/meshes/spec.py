@@ -14,7 +14,7 @@ import functools
 import math
 import re
 
-from kdist.checks import MAX_DEVICES, is_int
+from kdist.checks import MAX_DEVICES, is_int, shown
 from kdist.errors import SpecError
 from kdist.meshes.roles import BATCH_ROLES, ROLES, Role, role_of_name
 
@@ -92,7 +92,7 @@ class MeshSpec:
 def parse_spec(spec):
     """Parse a mesh spec string without devices. Raises SpecError naming the spec and the accepted forms."""
     if not isinstance(spec, str):
-        raise SpecError(f"A mesh spec must be a string; received {spec!r}. Use {SPEC_FORMS}.")
+        raise SpecError(f"A mesh spec must be a string; received {shown(spec)}. Use {SPEC_FORMS}.")
     text = spec.strip().lower().replace(" ", "")
     if text == "auto":
         raise SpecError(AUTO_NEEDS)
@@ -140,7 +140,7 @@ class ParallelDims:
             if role is not None and role not in ROLES:
                 raise SpecError(f"Mesh axis role {role!r} is not one of {', '.join(ROLES)} (or None).")
             if not is_int(size) or size < 1:
-                raise SpecError(f"Mesh axis sizes must be positive integers; received {size!r} for {role!r}.")
+                raise SpecError(f"Mesh axis sizes must be positive integers; received {shown(size)} for {shown(role)}.")
         roles = [r for r, _ in axes if r is not None]
         if len(set(roles)) != len(roles):
             raise SpecError(f"Mesh axes {axes} give a role to more than one axis.")
@@ -154,7 +154,7 @@ class ParallelDims:
             ):
                 raise SpecError(
                     f"Mesh spec {self.spec!r} has axes {list(self.roles_of(axes))}, so axis_names needs "
-                    f"{len(axes)} distinct names (non-empty strings); received axis_names={self.axis_names!r}."
+                    f"{len(axes)} distinct names (non-empty strings); received axis_names={shown(self.axis_names)}."
                 )
             if names == tuple(r for r, _ in axes):
                 names = None
@@ -230,6 +230,32 @@ class ParallelDims:
         if axis in self.axis_sizes:
             return axis
         return self.name_of(role_of_name(axis) or axis)
+
+    def bind_spec(self, spec):
+        """A layout's axis names as this mesh's axes: the one place a layout's names are resolved.
+
+        Each name that is a mesh axis stays; a role name or Keras's "batch"
+        (the data role: Keras's `DataParallel`, `ModelParallel` examples and
+        keras-hub's `get_layout_map` call the data axis "batch") becomes the
+        axis playing that role, or None when no axis plays it (nothing to
+        split over); any other name is kept, for the caller to report.
+
+        >>> ParallelDims.parse("2x4", 8).bind_spec(("model", "batch"))
+        ('model', 'data')
+        >>> ParallelDims.parse("fsdp", 8).bind_spec(("model", None))
+        (None, None)
+        """
+        return tuple(self._bind_entry(entry) for entry in spec)
+
+    def _bind_entry(self, entry):
+        if entry is None:
+            return None
+        if isinstance(entry, (tuple, list)):
+            bound = [b for b in (self._bind_entry(a) for a in entry) if b is not None]
+            return None if not bound else bound[0] if len(bound) == 1 else tuple(bound)
+        if entry in self.axis_sizes or role_of_name(entry) is None:
+            return entry
+        return self.name_of(role_of_name(entry))
 
     # --- What is enabled --------------------------------------------------------------------------
 
@@ -320,6 +346,6 @@ def as_dims(mesh, num_devices=None):
     if hasattr(mesh, "axis_names") and hasattr(mesh, "shape"):
         return ParallelDims.from_device_mesh(mesh)
     raise SpecError(
-        f"A mesh must be a spec string such as '2x4', a kdist.ParallelDims or a keras.distribution.DeviceMesh; "
-        f"received {type(mesh).__name__} {mesh!r}."
+        "A mesh must be a spec string such as '2x4', a kdist.ParallelDims or a keras.distribution.DeviceMesh; "
+        f"received {type(mesh).__name__} {shown(mesh)}."
     )

@@ -5,6 +5,7 @@ import copy
 import jax
 import keras
 
+from kdist.checks import shown
 from kdist.errors import ArgumentError, KdistError, ModelError, PlanError
 from kdist.inspection.inspector import planned_optimizer
 from kdist.keras_internals import array_of, deferred, input_struct, output_struct, plan_optimizer, set_path
@@ -282,6 +283,6 @@ def check_dtype(dtype):
         ok = False
     if not ok:
         raise ArgumentError(
-            f"dtype must be a floating-point dtype such as 'bfloat16' or 'float32'; received dtype={dtype!r}."
+            f"dtype must be a floating-point dtype such as 'bfloat16' or 'float32'; received dtype={shown(dtype)}."
         )
     return dtype

@@ -13,7 +13,7 @@ for the memory model and its calibration.
 
 import time
 
-from kdist.checks import MAX_DEVICES, non_negative_number, one_of, positive_int
+from kdist.checks import MAX_DEVICES, non_negative_number, one_of, positive_int, shown
 from kdist.errors import PlanError
 from kdist.meshes.enumerate import meshes
 from kdist.planning.attention import ATTENTION
@@ -134,7 +134,7 @@ def plan(
     if attention is not None:
         one_of(attention, "attention", ATTENTION, error=PlanError)
     if not isinstance(remat, bool):
-        raise PlanError(f"remat must be True or False; received remat={remat!r}.")
+        raise PlanError(f"remat must be True or False; received remat={shown(remat)}.")
     margin = check_margin(margin)
     if verify_target is not None and not verify:
         raise PlanError(f"verify_target={verify_target!r} says what to compile for: pass it with verify=True.")
@@ -239,6 +239,6 @@ def _verify_option(verify):
         return verify
     if isinstance(verify, str) or not hasattr(verify, "__iter__") or not all(isinstance(s, str) for s in verify):
         raise PlanError(
-            f'verify must be True, False or a list of candidate specs such as ["data=8"]; received {verify!r}.'
+            f'verify must be True, False or a list of candidate specs such as ["data=8"]; received {shown(verify)}.'
         )
     return set(verify)

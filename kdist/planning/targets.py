@@ -14,6 +14,7 @@ import os
 
 import jax
 
+from kdist.checks import shown
 from kdist.devices import has_accelerator_plugin
 from kdist.errors import ArgumentError
 from kdist.jax_internals import backends_initialized, memory_limit
@@ -134,7 +135,7 @@ def resolve_target(target=None):
     if isinstance(target, Target):
         return target
     if not isinstance(target, str) or not target.strip():
-        raise ArgumentError(f"target must be {_ACCEPTED}; received target={target!r}.")
+        raise ArgumentError(f"target must be {_ACCEPTED}; received target={shown(target)}.")
     name = _ALIASES.get(target.strip().lower(), target.strip())
     if name.lower() in PLATFORMS:
         named = Target(name.lower(), name.lower())
@@ -190,7 +191,9 @@ def local_target():
 def check_margin(margin):
     """`margin` as a float in [0, 1)."""
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
-        raise ArgumentError(f"margin must be a fraction of the memory in [0, 1), e.g. 0.1; received margin={margin!r}.")
+        raise ArgumentError(
+            f"margin must be a fraction of the memory in [0, 1), e.g. 0.1; received margin={shown(margin)}."
+        )
     return float(margin)
 
 

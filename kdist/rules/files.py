@@ -34,10 +34,11 @@ note = "replicated"
 
 import json
 import pathlib
-import tomllib
 
+from kdist.checks import shown
 from kdist.errors import RuleError
 from kdist.rules.rule import RuleSet
+from kdist.textdata import parse_json, parse_toml, read_text
 
 FORMATS = (".json", ".toml")
 
@@ -58,16 +59,9 @@ def load_rules(path):
     """
     path = _path(path)
     fmt = _format(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise RuleError(f"Cannot read rules file {str(path)!r}: {e.strerror or e}.") from None
-    except UnicodeDecodeError as e:
-        raise RuleError(f"Rules file {str(path)!r} is not UTF-8 text: {e}.") from None
-    try:
-        data = json.loads(text) if fmt == ".json" else tomllib.loads(text)
-    except (ValueError, TypeError) as e:  # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
-        raise RuleError(f"Rules file {str(path)!r} is not valid {fmt[1:].upper()}: {e}.") from None
+    what = f"rules file {str(path)!r}"
+    text = read_text(path, what, RuleError)
+    data = parse_json(text, what, RuleError) if fmt == ".json" else parse_toml(text, what, RuleError)
     data = _from_toml_nulls(data) if fmt == ".toml" else data
     return RuleSet.from_dict(data, f"rules file {str(path)!r}", default_name=path.stem)
 
@@ -87,6 +81,10 @@ def save_rules(rules, path):
     fmt = _format(path)
     data = rules.to_dict()
     text = json.dumps(data, indent=2) + "\n" if fmt == ".json" else _to_toml(data)
+    if path.exists() and not path.is_file():
+        raise RuleError(
+            f"Cannot write rules file {str(path)!r}: it exists and is not a regular file; give a file path."
+        )
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as e:
@@ -95,7 +93,7 @@ def save_rules(rules, path):
 
 def _path(path):
     if not isinstance(path, (str, pathlib.PurePath)) or not str(path):
-        raise RuleError(f"A rules file path must be a non-empty string or path; received {path!r}.")
+        raise RuleError(f"A rules file path must be a non-empty string or path; received {shown(path)}.")
     return pathlib.Path(path)
 
 

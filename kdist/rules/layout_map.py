@@ -6,14 +6,21 @@ an exact key wins; otherwise every key is tried as a regex with
 is used as given (no fallback by shape). `LayoutMapRules` applies exactly that
 to variables *and* to layer outputs ("<layer path>/output" keys lay out
 activations), and the linter, the inspector and the presets all use it.
+
+A layout's axis names are read on the mesh in force by
+`ParallelDims.bind_spec`: Keras's and keras-hub's data axis "batch" is the
+data role, so a map written for a ("batch", "model") mesh places the same on
+kdist's ("data", "model") "2x4"; a role the mesh lacks ("model" on "dp")
+replicates that dimension, and the placement's reason says so.
 """
 
 import re
 
 from keras.distribution import LayoutMap
 
+from kdist.checks import shown
 from kdist.errors import RuleError
-from kdist.meshes.layout import ELLIPSIS, check_layout, full_spec
+from kdist.meshes.layout import ELLIPSIS, check_layout, dim_axes, full_spec
 from kdist.meshes.spec import ParallelDims
 from kdist.rules.placement import Placement
 
@@ -43,7 +50,7 @@ class LayoutMapRules:
         self._regexes = {}
         for key in layout_map:
             if not isinstance(key, str):
-                raise RuleError(f"LayoutMap keys must be strings; received {key!r}.")
+                raise RuleError(f"LayoutMap keys must be strings; received {shown(key)}.")
             layout = layout_map[key]  # exact key: Keras returns that key's layout
             self.keys[key] = _axes(key, layout)
             try:
@@ -95,14 +102,21 @@ class LayoutMapRules:
                 f"LayoutMap key {key!r} gives {path!r} of shape {shape} the layout {axes} of {len(axes)} axes; the "
                 f"variable has {len(shape)} dimensions. Use a layout of at most {len(shape)} axes or narrow the key."
             )
-        spec = full_spec(axes, len(shape), path)
+        written = full_spec(axes, len(shape), path)
+        spec = full_spec(dims.bind_spec(written), len(shape), path)
         check_layout(path, shape, spec, dims.axis_sizes)
-        return Placement(path, shape, spec, "layout_map", rule=key)
+        return Placement(path, shape, spec, "layout_map", rule=key, reason=_dropped_reason(written, spec, dims))
 
-    def activation(self, path):
-        """The layout of the activation at `path` ("<layer>/output"), or None."""
+    def bound(self, key, dims):
+        """The layout of `key` with its axis names read on mesh `dims` (see `ParallelDims.bind_spec`)."""
+        return dims.bind_spec(self.keys[key])
+
+    def activation(self, path, dims=None):
+        """The layout of the activation at `path` ("<layer>/output"), its names read on `dims` if given, or None."""
         found = self.lookup(path)
-        return found[1] if found is not None else None
+        if found is None:
+            return None
+        return found[1] if dims is None else dims.bind_spec(found[1])
 
 
 def to_layout_map(rule_set, device_mesh, variables=None):
@@ -141,6 +155,16 @@ def to_layout_map(rule_set, device_mesh, variables=None):
         layout_map[f"^{exclude}(?:{rule.pattern})$"] = rule.bind(layout, dims)
         earlier.append(rule.pattern)
     return layout_map
+
+
+def _dropped_reason(written, spec, dims):
+    """Why a LayoutMap layout lost axes on this mesh ("" when it kept them all)."""
+    kept = {a for entry in spec for a in dim_axes(entry)}
+    dropped = [a for entry in written for a in dim_axes(entry) if dims.bind(a) is None and a not in kept]
+    if not dropped:
+        return ""
+    names = " or ".join(repr(a) for a in dict.fromkeys(dropped))
+    return f"the mesh ({dims.describe()}) has no axis for {names}: the map's layout drops it"
 
 
 def _axes(key, layout):

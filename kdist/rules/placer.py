@@ -75,7 +75,7 @@ class Placer:
     def activation(self, path):
         """The layout (mesh axis names) of the activation at `path` ("<layer path>/output"), or None."""
         if isinstance(self.rules, LayoutMapRules):
-            return self.rules.activation(path)
+            return self.rules.activation(path, self.dims)
         rule = next((r for r in self.rules if r.for_activations and r.matches(path)), None)
         if rule is None:
             return None

@@ -4,6 +4,7 @@ import pathlib
 
 from keras.distribution import LayoutMap
 
+from kdist.checks import shown
 from kdist.errors import ArgumentTypeError, RuleError
 from kdist.meshes.roles import RULE_ROLES
 from kdist.rules.compose import AUTO, with_lora
@@ -35,7 +36,9 @@ def get_rules(name, *, lora=False):
             instead of replicating them.
     """
     if not isinstance(name, (str, pathlib.Path)):
-        raise ArgumentTypeError(f"A rule set name must be a string or a path; received {type(name).__name__} {name!r}.")
+        raise ArgumentTypeError(
+            f"A rule set name must be a string or a path; received {type(name).__name__} {shown(name)}."
+        )
     key = str(name)
     if key in RULE_SETS:
         rules = RULE_SETS[key]

@@ -16,6 +16,7 @@ the activation of the layers it matches (Keras asks for "<layer path>/output").
 import dataclasses
 import re
 
+from kdist.checks import shown
 from kdist.errors import RuleError
 from kdist.meshes.layout import ELLIPSIS, expand_layout, fits_rank, indivisible
 from kdist.meshes.roles import ROLES
@@ -66,11 +67,14 @@ class Rule:
     def __post_init__(self):
         if not isinstance(self.pattern, str):
             raise RuleError(
-                f"A rule's pattern must be a regex string; received {type(self.pattern).__name__} {self.pattern!r}."
+                "A rule's pattern must be a regex string; "
+                f"received {type(self.pattern).__name__} {shown(self.pattern)}."
             )
         for name in ("note", "family"):
             if not isinstance(getattr(self, name), str):
-                raise RuleError(f"Rule {self.pattern!r}: {name} must be a string; received {getattr(self, name)!r}.")
+                raise RuleError(
+                    f"Rule {shown(self.pattern)}: {name} must be a string; received {getattr(self, name)!r}."
+                )
         try:
             compiled = re.compile(self.pattern)
         except re.error as e:
@@ -81,7 +85,7 @@ class Rule:
         ):
             raise RuleError(
                 f"Rule {self.pattern!r}: follows must be (sibling name, mode) with a mode in {sorted(FOLLOW_MODES)}, "
-                f"e.g. ('kernel', 'trailing'); received {self.follows!r}."
+                f"e.g. ('kernel', 'trailing'); received {shown(self.follows)}."
             )
         object.__setattr__(self, "follows", follows)
         object.__setattr__(self, "layouts", _candidates(self.pattern, self.layouts))
@@ -107,20 +111,14 @@ class Rule:
 
     def bind(self, layout, dims):
         """`layout`'s axes as mesh axis names of `dims`; roles the mesh lacks bind to None (replicated)."""
-        bound = []
-        for axis in layout:
-            if axis is None or axis == ELLIPSIS:
-                bound.append(axis)
-            elif dims.bind(axis) is not None:
-                bound.append(dims.bind(axis))
-            elif axis in ROLES:
-                bound.append(None)  # the mesh has no such role: nothing to shard over
-            else:
+        bound = dims.bind_spec(layout)  # a role the mesh lacks binds to None: nothing to shard over
+        for axis in bound:
+            if axis is not None and axis != ELLIPSIS and axis not in dims.axis_sizes:
                 raise RuleError(
                     f"Rule {self.pattern!r} uses axis {axis!r}, which is neither a role "
                     f"({', '.join(ROLES)}) nor an axis of the mesh ({', '.join(dims.names)})."
                 )
-        return tuple(bound)
+        return bound
 
     def place(self, path, shape, dims, placed=None):
         """The `Placement` this rule gives a variable of `shape` at `path` on mesh `dims`.
@@ -223,10 +221,11 @@ class RuleSet:
     def __init__(self, rules=(), name="custom"):
         if isinstance(rules, (str, bytes, dict)) or not hasattr(rules, "__iter__"):
             raise RuleError(
-                f"RuleSet takes a list of Rules or (pattern, layouts) pairs; received {type(rules).__name__} {rules!r}."
+                "RuleSet takes a list of Rules or (pattern, layouts) pairs; "
+                f"received {type(rules).__name__} {shown(rules)}."
             )
         if not isinstance(name, str):
-            raise RuleError(f"A rule set's name must be a string; received {name!r}.")
+            raise RuleError(f"A rule set's name must be a string; received {shown(name)}.")
         self.name = name
         self.rules = tuple(_rule(r) for r in rules)
 
@@ -237,6 +236,9 @@ class RuleSet:
         return len(self.rules)
 
     def __add__(self, other):
+        """This set's rules, then `other`'s (a `RuleSet`, or rules as `RuleSet` accepts them)."""
+        if not isinstance(other, RuleSet):
+            other = RuleSet(other, name="added")
         return RuleSet((*self.rules, *other.rules), name=f"{self.name}+{other.name}")
 
     def __repr__(self):
@@ -296,7 +298,7 @@ class RuleSet:
                 )
             for key in ("pattern", "note", "family"):
                 if key in entry and not isinstance(entry[key], str):
-                    raise RuleError(f"{where}: {key!r} must be a string; received {entry[key]!r}.")
+                    raise RuleError(f"{where}: {shown(key)} must be a string; received {entry[key]!r}.")
             try:
                 rules.append(
                     Rule(
@@ -315,14 +317,16 @@ class RuleSet:
 def _data_layouts(value, where):
     """Layouts from plain data: one list of axes, or a list of such lists."""
     if not isinstance(value, list):
-        raise RuleError(f"{where}: 'layouts' must be a list (one layout or a list of layouts); received {value!r}.")
+        raise RuleError(
+            f"{where}: 'layouts' must be a list (one layout or a list of layouts); received {shown(value)}."
+        )
     if all(a is None or isinstance(a, str) for a in value):
         return tuple(value)
     for layout in value:
         if not isinstance(layout, list) or not all(a is None or isinstance(a, str) for a in layout):
             raise RuleError(
                 f"{where}: each layout must be a list of axis names (a role, a mesh axis, '...' "
-                f"or null for a replicated dimension); received {layout!r}."
+                f"or null for a replicated dimension); received {shown(layout)}."
             )
     return [tuple(layout) for layout in value]
 
@@ -350,7 +354,10 @@ def _candidates(pattern, layouts):
         if not isinstance(layout, (tuple, list)) or not all(_is_axis(a) for a in layout):
             raise RuleError(hint + f"received the layout {_kind(layout)}.")
         if list(layout).count(ELLIPSIS) > 1:
-            raise RuleError(f"Rule {pattern!r}: layout {tuple(layout)} has more than one '...'.")
+            raise RuleError(
+                f"Rule {pattern!r}: layout {tuple(layout)} has more than one '...'. '...' stands for all the "
+                "replicated dimensions between the named ones, so it can appear once: e.g. ('...', 'model')."
+            )
         out.append(tuple(layout))
     if not out:
         raise RuleError(f"Rule {pattern!r} has no layout; use () to replicate.")
@@ -362,4 +369,4 @@ def _is_axis(a):
 
 
 def _kind(value):
-    return f"{type(value).__name__} {value!r}"[:120]
+    return f"{type(value).__name__} {shown(value)}"

@@ -1,8 +1,10 @@
 """Input pipelines for distributed fit: global batch sizes and tf.data datasets that shard across processes.
 
 Under a distribution, `fit` takes the *global* batch (all replicas together).
-In a multi-process run, Keras shards a batched `tf.data.Dataset` so that each
-process reads its own slice of every global batch; it refuses numpy arrays.
+In a multi-process run under a kdist distribution, every process passes the
+same global data (numpy arrays, a batched `tf.data.Dataset`) and kdist feeds
+each process's rows of every global batch (`kdist/global_batches.py`); Keras's
+own distributions shard only a batched `tf.data.Dataset` and refuse arrays.
 These helpers compute the global batch from a per-replica one, build a
 dataset of the right shape and check a dataset or batch size up front, with
 errors that say what to change.
@@ -12,7 +14,7 @@ import math
 
 import keras
 
-from kdist.checks import non_negative_int
+from kdist.checks import is_int, non_negative_int, shown
 from kdist.errors import ArgumentError, ArgumentTypeError, BatchSizeError, MissingDependencyError
 from kdist.presets import build_preset
 
@@ -41,13 +43,11 @@ def global_batch_size(per_replica_batch_size, distribution=None):
     kdist.global_batch_size(16, kdist.preset("dp"))    # 128 on 8 devices
     ```
     """
-    if (
-        isinstance(per_replica_batch_size, bool)
-        or not isinstance(per_replica_batch_size, int)
-        or per_replica_batch_size < 1
-    ):
-        raise BatchSizeError(f"per_replica_batch_size must be a positive integer; received {per_replica_batch_size!r}.")
-    return per_replica_batch_size * num_replicas(distribution)
+    if not is_int(per_replica_batch_size) or per_replica_batch_size < 1:
+        raise BatchSizeError(
+            f"per_replica_batch_size must be a positive integer; received {shown(per_replica_batch_size)}."
+        )
+    return int(per_replica_batch_size) * num_replicas(distribution)
 
 
 def check_batch_size(global_batch_size, distribution=None):
@@ -68,11 +68,12 @@ def check_batch_size(global_batch_size, distribution=None):
             replicas (or of processes, in a multi-process run); the message
             names the nearest sizes that do.
     """
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-        raise BatchSizeError(f"The global batch size must be a positive integer; received {global_batch_size!r}.")
+    if not is_int(global_batch_size) or global_batch_size < 1:
+        raise BatchSizeError(f"The global batch size must be a positive integer; received {shown(global_batch_size)}.")
+    global_batch_size = int(global_batch_size)
     distribution = _distribution(distribution)
     replicas = num_replicas(distribution)
-    processes = _num_processes(distribution)
+    processes = _processes_passing_rows(distribution)
     step = math.lcm(replicas, processes)
     if global_batch_size % step:
         lower, upper = global_batch_size // step * step, (global_batch_size // step + 1) * step
@@ -102,8 +103,8 @@ def make_dataset(
     """A batched `tf.data.Dataset` of the global data, ready for a (multi-process) `fit`.
 
     Give the same full arrays in every process: the dataset yields global
-    batches, and Keras's auto-sharding (on by default in kdist presets)
-    gives each process its slice of each batch. Partial last batches are
+    batches, and each process feeds its rows of each batch (kdist presets;
+    Keras's own distributions shard the dataset per process). Partial last batches are
     dropped by default, since every batch must split over the replicas.
 
     Example:
@@ -147,10 +148,10 @@ def make_dataset(
                 f"With drop_remainder=False the last batch has {count % batch} examples. {e}"
             ) from None
     if not (shuffle is True or shuffle is False or shuffle == "once"):
-        raise ArgumentError(f'shuffle must be False, True or "once"; received {shuffle!r}.')
+        raise ArgumentError(f'shuffle must be False, True or "once"; received {shown(shuffle)}.')
     for name, value in (("drop_remainder", drop_remainder), ("repeat", repeat)):
         if not isinstance(value, bool):
-            raise ArgumentTypeError(f"{name} must be True or False; received {value!r}.")
+            raise ArgumentTypeError(f"{name} must be True or False; received {shown(value)}.")
     if seed is not None:
         non_negative_int(seed, "seed")
     dataset = tf.data.Dataset.from_tensor_slices(data)
@@ -216,8 +217,10 @@ def check_dataset(dataset, distribution=None, *, allow_partial_batches=False):
 def check_fit_inputs(x, distribution=None):
     """Check that `x` can be passed to `fit` under `distribution`; returns `x`.
 
-    A multi-process run with auto-sharding needs a batched `tf.data.Dataset`
-    (Keras shards it across processes); arrays are refused.
+    Under a kdist distribution arrays and datasets both work in a
+    multi-process run (the same global data in every process). Keras's own
+    distributions with auto-sharding need a batched `tf.data.Dataset` there
+    (Keras shards it across processes) and refuse arrays.
 
     Example:
 
@@ -235,11 +238,12 @@ def check_fit_inputs(x, distribution=None):
         check_dataset(x, distribution, allow_partial_batches=True)
         return x
     processes = _num_processes(distribution)
-    if processes > 1 and getattr(distribution, "auto_shard_dataset", False):
+    if processes > 1 and getattr(distribution, "auto_shard_dataset", False):  # never a kdist distribution's
         raise BatchSizeError(
-            f"This run has {processes} processes, and fit() then needs a batched tf.data.Dataset "
-            f"that Keras can shard across them; received {type(x).__name__}. Build one with "
-            "kdist.make_dataset(x, y, global_batch_size=...) from the full arrays in every process."
+            f"This run has {processes} processes, and fit() under {type(distribution).__name__} then needs a "
+            f"batched tf.data.Dataset that Keras can shard across them; received {type(x).__name__}. Build one "
+            "with kdist.make_dataset(x, y, global_batch_size=...) from the full arrays in every process, or use "
+            "a kdist preset, under which arrays work."
         )
     return x
 
@@ -276,9 +280,16 @@ def _distribution(distribution):
     if not hasattr(distribution, "device_mesh"):
         raise ArgumentTypeError(
             "distribution must be a keras.distribution.Distribution, a kdist spec such as '2x4', or None for "
-            f"the one in force; received {type(distribution).__name__} {distribution!r}."
+            f"the one in force; received {type(distribution).__name__} {shown(distribution)}."
         )
     return distribution
+
+
+def _processes_passing_rows(distribution):
+    """How many processes each pass their own rows of a global batch (1 when each passes the whole batch)."""
+    if getattr(distribution, "shard_inputs", False):  # a kdist distribution: every process passes the global batch
+        return 1
+    return _num_processes(distribution)
 
 
 def _num_processes(distribution):

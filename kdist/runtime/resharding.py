@@ -19,6 +19,7 @@ import keras
 import numpy as np
 from keras.distribution import TensorLayout
 
+from kdist.checks import shown
 from kdist.devices import device_name
 from kdist.errors import ArgumentTypeError, ModelError, ReshardError, RuleError
 from kdist.keras_internals import array_of, forget_compiled_functions, set_array, slot_references
@@ -248,7 +249,7 @@ def _as_distribution(target):
         return target
     raise ArgumentTypeError(
         'reshard target must be a kdist spec string (e.g. "2x4"), a kdist preset or a '
-        f"keras.distribution.Distribution; received {type(target).__name__}: {target!r}."
+        f"keras.distribution.Distribution; received {type(target).__name__}: {shown(target)}."
     )
 
 

@@ -3,6 +3,7 @@
 import keras
 
 from kdist.abstract import abstract_model
+from kdist.checks import is_int, shown
 from kdist.errors import ArgumentError, PlanError
 from kdist.planning.planner import plan
 
@@ -54,13 +55,13 @@ def default_estimate(build_model, devices, batch_size, optimizer, rules, strict=
 
 
 def check_top(top, meshes):
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+    if not is_int(top) or top < 1:
         raise ArgumentError(
-            f"top must be a positive integer (how many of the plan's meshes to sweep); received {top!r}."
+            f"top must be a positive integer (how many of the plan's meshes to sweep); received {shown(top)}."
         )
     if not (isinstance(meshes, str) and meshes == "all"):
         raise ArgumentError(
-            f'top={top} picks the meshes from the plan; leave meshes out ("all"), received meshes={meshes!r}.'
+            f'top={top} picks the meshes from the plan; leave meshes out ("all"), received meshes={shown(meshes)}.'
         )
     return top
 

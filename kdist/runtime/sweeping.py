@@ -15,7 +15,7 @@ import jax
 import keras
 import numpy as np
 
-from kdist.checks import non_negative_int
+from kdist.checks import is_int, non_negative_int, shown
 from kdist.devices import resolve_devices
 from kdist.errors import ArgumentError, ArgumentTypeError, PlanError
 from kdist.inspection.inspector import inspect
@@ -109,7 +109,9 @@ def sweep(
         A `SweepResult`.
     """
     if not callable(build_model):
-        raise ArgumentTypeError(f"build_model must be a function returning a Keras model; received {build_model!r}.")
+        raise ArgumentTypeError(
+            f"build_model must be a function returning a Keras model; received {shown(build_model)}."
+        )
     devices = resolve_devices(devices) if devices is not None else None
     specs = _mesh_specs(meshes, devices)
     x, y = _unpack(data)
@@ -122,7 +124,7 @@ def sweep(
         )
     for name, value in (("strict", strict), ("direct_check", direct_check), ("progress", progress)):
         if not isinstance(value, bool):
-            raise ArgumentTypeError(f"{name} must be True or False; received {value!r}.")
+            raise ArgumentTypeError(f"{name} must be True or False; received {shown(value)}.")
     non_negative_int(seed, "seed")
     if device_memory == "auto":
         device_memory = memory_limit((devices or jax.devices())[0])
@@ -130,7 +132,8 @@ def sweep(
         device_memory = parse_size(device_memory, "device_memory")
     if not (estimate in ("planner", None) or callable(estimate)):
         raise ArgumentError(
-            f'estimate must be "planner", None or a function (model, distribution) -> bytes; received {estimate!r}.'
+            'estimate must be "planner", None or a function (model, distribution) -> bytes; '
+            f"received {shown(estimate)}."
         )
     if top is not None:
         top = check_top(top, meshes)
@@ -394,13 +397,13 @@ def _mesh_specs(meshes, devices):
     if isinstance(meshes, str):
         if meshes != "all":
             raise ArgumentError(
-                f'meshes must be "all" or a list of mesh specs such as ["8x1", "2x4"]; received {meshes!r}.'
+                f'meshes must be "all" or a list of mesh specs such as ["8x1", "2x4"]; received {shown(meshes)}.'
             )
         n = len(devices) if devices is not None else jax.device_count()
         return [*data_model_specs(n), "dp", "fsdp", "tp"]
     if not hasattr(meshes, "__iter__") or not all(isinstance(s, str) for s in meshes):
         raise ArgumentError(
-            f'meshes must be "all" or a list of mesh spec strings such as ["8x1", "2x4"]; received {meshes!r}.'
+            f'meshes must be "all" or a list of mesh spec strings such as ["8x1", "2x4"]; received {shown(meshes)}.'
         )
     specs = list(meshes)
     if not specs:
@@ -414,8 +417,8 @@ def _mesh_specs(meshes, devices):
 def _check_counts(**counts):
     for name, value in counts.items():
         smallest = 0 if name == "warmup" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
-            raise ArgumentError(f"{name} must be an integer >= {smallest}; received {name}={value!r}.")
+        if not is_int(value) or value < smallest:
+            raise ArgumentError(f"{name} must be an integer >= {smallest}; received {name}={shown(value)}.")
 
 
 def _name(obj):

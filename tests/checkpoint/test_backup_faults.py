@@ -55,7 +55,7 @@ def test_the_latest_backup_is_restored(backups):
     [
         (lambda p: flip_byte(largest_file(p / "pytree")), "differ from their checksums"),
         (lambda p: truncate(largest_file(p / "pytree")), "is unreadable"),
-        (lambda p: (p / "kdist_checkpoint.json").write_text("garbage"), "kdist_checkpoint.json cannot be read"),
+        (lambda p: (p / "kdist_checkpoint.json").write_text("garbage"), "kdist_checkpoint.json is not valid JSON"),
         (lambda p: shutil.rmtree(p / "pytree"), "directory is missing"),
     ],
     ids=["corrupted-array", "truncated", "garbage-marker", "missing-arrays"],

@@ -93,7 +93,7 @@ def test_corrupted_array_data_is_caught_by_the_checksums(saved, tmp_path):
         (lambda p: os.remove(p / "pytree" / "_METADATA"), ["_METADATA is missing"]),
         (lambda p: truncate(p / "pytree" / "manifest.ocdbt"), ["is unreadable"]),
         (lambda p: truncate(p / "pytree" / "_sharding"), ["is unreadable"]),
-        (lambda p: truncate(p / "kdist_checkpoint.json"), ["kdist_checkpoint.json cannot be read"]),
+        (lambda p: truncate(p / "kdist_checkpoint.json"), ["kdist_checkpoint.json is not valid JSON"]),
         (lambda p: (p / "kdist_checkpoint.json").write_text("[]"), ["is not a kdist checkpoint description"]),
         (lambda p: shutil.rmtree(p / "pytree"), ["pytree/ directory is missing"]),
     ],
@@ -163,3 +163,57 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     target = model(4, seed=1)
     kdist.load_sharded(target, path)
     np.testing.assert_array_equal(np.asarray(target.layers[1].kernel.value), np.asarray(first.layers[1].kernel.value))
+
+
+_SAVE_MANY = """
+import sys, numpy as np, keras, kdist
+seed, path = int(sys.argv[1]), sys.argv[2]
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256), keras.layers.Dense(64)], name="m")
+for v in model.weights:
+    v.assign(np.full(v.shape, seed, v.dtype))
+for _ in range(5):
+    kdist.save_sharded(model, path, overwrite=True)
+"""
+
+
+def test_concurrent_saves_to_one_path_take_turns(tmp_path):
+    """Two runs saving to the same path at once: each save is whole, the checkpoint is one of them, nothing is left."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "save.py"
+    script.write_text(_SAVE_MANY)
+    env = {**os.environ, "KDIST_FAKE_DEVICES": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    runs = [
+        subprocess.Popen([sys.executable, script, str(seed), tmp_path / "ckpt"], env=env, stderr=subprocess.PIPE)
+        for seed in (1, 2)
+    ]
+    for run in runs:
+        assert run.wait(timeout=300) == 0, run.stderr.read().decode()[-2000:]
+    target = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256), keras.layers.Dense(64)], name="m")
+    kdist.load_sharded(target, tmp_path / "ckpt")
+    values = {float(np.asarray(v.value).ravel()[0]) for v in target.weights}
+    assert values in ({1.0}, {2.0})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "save.py"]
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 200 KiB tmpfs (root only): a disk that fills up during a save."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", mount]).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    yield mount
+    subprocess.run(["umount", mount], check=True)
+
+
+def test_a_full_disk_is_named_and_leaves_nothing(full_disk):
+    (full_disk / "ckpt").mkdir()
+    (full_disk / "ckpt" / "mine.txt").write_text("kept")
+    with pytest.raises(kdist.CheckpointError, match="the disk is full"):
+        kdist.save_sharded(model(4, width=1024), full_disk / "new")
+    assert sorted(p.name for p in full_disk.iterdir()) == ["ckpt"]
+    assert (full_disk / "ckpt" / "mine.txt").read_text() == "kept"

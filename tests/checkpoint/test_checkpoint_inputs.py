@@ -1,7 +1,10 @@
 """Bad inputs to `kdist.save_sharded` and `kdist.load_sharded`: refused with a kdist error that names the argument,
 the value and what is accepted, before anything is read or written."""
 
+import os
+
 import keras
+import numpy as np
 import pytest
 
 import kdist
@@ -78,3 +81,32 @@ def test_an_existing_checkpoint_needs_overwrite(built, tmp_path):
     _check(
         lambda: kdist.save_sharded(built, tmp_path / "c"), kdist.CheckpointError, ["already exists", "overwrite=True"]
     )
+
+
+def test_a_path_under_a_file_is_refused(built, tmp_path):
+    (tmp_path / "file").write_text("mine")
+    _check(
+        lambda: kdist.save_sharded(built, tmp_path / "file" / "ckpt"),
+        kdist.CheckpointError,
+        ["save_sharded", "is a file, not a directory"],
+    )
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_read_only_directory_is_refused(built, tmp_path):
+    tmp_path.chmod(0o500)
+    try:
+        _check(lambda: kdist.save_sharded(built, tmp_path / "ckpt"), kdist.CheckpointError, ["not writable"])
+    finally:
+        tmp_path.chmod(0o700)
+
+
+def test_a_checkpoint_with_orbax_newer_item_name_state_is_read(tmp_path):
+    """Orbax after 0.12.8 names Keras's item "state"; kdist writes "pytree" and reads both."""
+    saved, loaded = model(4, seed=1), model(4, seed=2)
+    kdist.save_sharded(saved, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "pytree").rename(tmp_path / "ckpt" / "state")
+    kdist.load_sharded(loaded, tmp_path / "ckpt")
+    for a, b in zip(saved.weights, loaded.weights):
+        np.testing.assert_array_equal(np.asarray(a.value), np.asarray(b.value))

@@ -150,7 +150,7 @@ def test_sharded_checkpoint_errors_name_the_problem(tmp_path, data):
         kdist.load_sharded(renamed, tmp_path / "ckpt")
     with pytest.raises(kdist.ModelError, match="kdist.abstract_model"):
         kdist.load_sharded(kdist.abstract_model(build), tmp_path / "ckpt")
-    with pytest.raises(kdist.CheckpointError, match="no 'pytree' directory"):
+    with pytest.raises(kdist.CheckpointError, match="no pytree or state directory"):
         kdist.load_sharded(other, tmp_path)
 
 

@@ -61,6 +61,7 @@ TF_CONFIGS = [
     ("", kdist.ClusterError, ["not valid JSON"]),
     ("{not json", kdist.ClusterError, ["not valid JSON"]),
     ("[1, 2]", kdist.ClusterError, ["must be a JSON object"]),
+    (b"\xff", kdist.ClusterError, ["TF_CONFIG is not UTF-8 text"]),
     ("null", kdist.ClusterError, ["must be a JSON object"]),
     ({}, kdist.ClusterError, ['non-empty "cluster"']),
     ({"cluster": [], "task": {}}, kdist.ClusterError, ['non-empty "cluster"']),
@@ -120,7 +121,7 @@ def test_bad_initialize_arguments_are_refused_before_jax_is_touched(arguments, e
                 "KERAS_DISTRIBUTION_NUM_PROCESSES": "2.5",
                 "KERAS_DISTRIBUTION_PROCESS_ID": "0",
             },
-            ["KERAS_DISTRIBUTION_NUM_PROCESSES='2.5' is not an integer"],
+            ["KERAS_DISTRIBUTION_NUM_PROCESSES='2.5' is not an integer", "to the number of processes (e.g. 2)"],
         ),
         (
             {
@@ -131,6 +132,7 @@ def test_bad_initialize_arguments_are_refused_before_jax_is_touched(arguments, e
             ["process_id=-1 is out of range"],
         ),
         ({"TF_CONFIG": "{"}, ["TF_CONFIG is not valid JSON"]),
+        ({"TF_CONFIG": "[" * 10_000 + "]" * 10_000}, ["TF_CONFIG nests 10000 levels", "at most 64"]),
     ],
 )
 def test_bad_environments_are_refused(env, words):

@@ -60,7 +60,7 @@ for spec in filter(None, args.presets.split(",")):
 if args.presets:  # the data helpers see the real 2-process distribution
     dp = kdist.preset("dp")
     try:
-        kdist.check_fit_inputs(data()[0], dp)
+        print(f"CHECK_FIT accepted {type(kdist.check_fit_inputs(data()[0], dp)).__name__}", flush=True)
     except kdist.BatchSizeError as e:
         print(f"CHECK_FIT {type(e).__name__}: {e}", flush=True)
     print(

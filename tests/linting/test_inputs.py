@@ -23,6 +23,13 @@ CASES = [
     (lambda: kdist.lint("auto", MODEL, "2x4", tolerance="lots"), ArgumentError, "tolerance", "lots"),
     (lambda: kdist.lint("auto", MODEL, "2x4", top=1.5), ArgumentError, "top", "1.5"),
     (lambda: kdist.lint("no-such-set", MODEL, "2x4"), kdist.RuleError, "Unknown rule set 'no-such-set'"),
+    (lambda: kdist.lint("auto", [("w", (-4, 8))], "2x4"), ArgumentError, "'w'", "sizes from 0", "(-4, 8)"),
+    (lambda: kdist.lint("auto", [("w", (4.5, 8))], "2x4"), ArgumentError, "'w'", "integer sizes", "4.5"),
+    (lambda: kdist.lint("auto", [("w", (10**30,))], "2x4"), ArgumentError, "'w'", "sizes from 0 to"),
+    (lambda: kdist.lint("auto", [("w", "48")], "2x4"), ArgumentTypeError, "'w'", "tuple of sizes", "'48'"),
+    (lambda: kdist.lint("auto", [("w", (4,), "float77")], "2x4"), ArgumentError, "'w'", "dtype", "'float77'"),
+    (lambda: kdist.lint("auto", [(3, (4,))], "2x4"), ArgumentTypeError, "path must be a non-empty string", "3"),
+    (lambda: kdist.lint("auto", [("w", (4,)), 5], "2x4"), ArgumentTypeError, "received int 5"),
 ]
 
 

@@ -74,8 +74,15 @@ def test_kd103_axis_not_in_mesh(transformer):
     report = lint(RuleSet([(r".*/kernel", ("...", "tensor"))]), transformer, "2x4")
     [finding] = _codes(report, "KD103")
     assert finding.severity == "error" and "'tensor'" in finding.message and "data, model" in finding.message
-    report = lint(_layout_map([(r".*_mlp_up/kernel", (None, "batch"))]), transformer, "2x4")
+    report = lint(_layout_map([(r".*_mlp_up/kernel", (None, "tensor"))]), transformer, "2x4")
     assert [f.code for f in report.errors] == ["KD103"]
+
+
+def test_layout_map_batch_axis_is_the_data_axis(transformer):
+    # Keras's and keras-hub's data axis "batch" is read as kdist's data axis, as presets read it.
+    report = lint(_layout_map([(r".*_mlp_up/kernel", ("batch", "model"))]), transformer, "2x4")
+    assert not _codes(report, "KD103")
+    assert report.placements["block_0_mlp_up/kernel"] == ("data", "model")
 
 
 def test_kd104_layout_map_dimension_not_divisible(mlp):

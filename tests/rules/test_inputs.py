@@ -1,5 +1,7 @@
 """Bad input to rules, rule sets, rule files and rule-set names: a kdist error naming what is wrong."""
 
+import os
+
 import pytest
 
 import kdist
@@ -16,7 +18,11 @@ CASES = [
     (lambda: Rule(".*/kernel", ("", "model")), RuleError, "layouts must be"),
     (lambda: Rule(b".*/kernel", ("model",)), RuleError, "pattern must be a regex string", "bytes"),
     (lambda: Rule("(open", ()), RuleError, "'(open' is not a valid regex"),
-    (lambda: Rule(".*", ("...", "...")), RuleError, "more than one '...'"),
+    (lambda: Rule(".*", ("...", "...")), RuleError, "more than one '...'", "can appear once", "('...', 'model')"),
+    (lambda: Rule(3, ("model",)), RuleError, "pattern must be a regex string", "int 3"),
+    (lambda: RuleSet([]) + [(7, ())], RuleError, "pattern must be a regex string", "int 7"),
+    (lambda: RuleSet([]) + 5, RuleError, "list of Rules", "int 5"),
+    (lambda: RuleSet(_nested(10_000)), RuleError, "a (pattern, layouts) pair", "[[[...]]]"),
     (lambda: Rule(".*", [], "note"), RuleError, "has no layout"),
     (lambda: Rule(".*", (), 3), RuleError, "note must be a string"),
     (lambda: Rule(".*", (), follows=("kernel", "up")), RuleError, "follows must be", "trailing"),
@@ -55,6 +61,37 @@ def test_bad_input_is_refused_clearly(case, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     call, error, *words = case
     raises_clearly(call, error, *words)
+
+
+def _nested(depth):
+    value = []
+    for _ in range(depth):
+        value = [value]
+    return [value]
+
+
+def test_a_list_adds_to_a_rule_set():
+    added = RuleSet([(".*/kernel", ("model",))], name="mine") + [(".*", ())]
+    assert [r.pattern for r in added] == [".*/kernel", ".*"] and added.name == "mine+added"
+
+
+@pytest.mark.parametrize("fmt", [".json", ".toml"])
+def test_deeply_nested_rules_file_is_refused(tmp_path, fmt):
+    path = tmp_path / f"deep{fmt}"
+    path.write_text(("" if fmt == ".json" else "rules = ") + "[" * 100_000 + "]" * 100_000)
+    raises_clearly(lambda: load_rules(path), RuleError, "nests 100000 levels", "at most 64")
+
+
+def test_a_fifo_rules_file_is_refused_without_blocking(tmp_path):
+    path = tmp_path / "rules.json"
+    os.mkfifo(path)
+    raises_clearly(lambda: load_rules(path), RuleError, "not a regular file", "rules.json")
+
+
+def test_save_rules_refuses_a_directory_and_leaves_it(tmp_path):
+    (tmp_path / "r.json").mkdir()
+    raises_clearly(lambda: save_rules(RuleSet([]), tmp_path / "r.json"), RuleError, "not a regular file")
+    assert (tmp_path / "r.json").is_dir()
 
 
 def test_a_missing_rules_file_is_named(tmp_path):

@@ -157,3 +157,52 @@ def test_generated_maps_place_alike_everywhere(transformer, seed):
         }
         assert inspected == keras_inspected
         assert inspected == {p: dist.place(p, s).axes for p, s in variables.items()}
+
+
+# --- Keras's data axis "batch": keras-hub's maps as they are ------------------------------------------
+
+HUB_BACKBONES = {  # tiny, with every sharded dimension dividing its axis (Keras's ModelParallel cannot fall back)
+    "gemma": ("GemmaBackbone", dict(num_query_heads=4, num_key_value_heads=4, head_dim=8)),
+    "llama": ("LlamaBackbone", dict(num_query_heads=4, num_key_value_heads=2)),
+}
+
+
+@pytest.mark.parametrize("family", list(HUB_BACKBONES))
+def test_keras_hub_maps_place_on_2x4_as_keras_model_parallel(family):
+    keras_hub = pytest.importorskip("keras_hub")
+    name, heads = HUB_BACKBONES[family]
+    backbone_class = getattr(keras_hub.models, name)
+
+    def build():
+        return backbone_class(vocabulary_size=64, num_layers=1, hidden_dim=64, intermediate_dim=128, **heads)
+
+    keras_mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), keras.distribution.list_devices())
+    layout_map = backbone_class.get_layout_map(keras_mesh)  # names "batch" and "model", as keras-hub documents
+    keras.backend.clear_session()
+    with ModelParallel(layout_map=layout_map, batch_dim_name="batch").scope():
+        expected = _specs(build())
+    keras.backend.clear_session()
+    dist = kdist.preset("2x4", rules=layout_map)  # axes ("data", "model"): "batch" is read as "data"
+    with dist.scope():
+        got = _specs(build())
+    as_kdist = {path: tuple("data" if a == "batch" else a for a in spec) for path, spec in expected.items()}
+    assert got == as_kdist
+    assert any("data" in spec for spec in got.values()) and any("model" in spec for spec in got.values())
+    report = kdist.lint(layout_map, kdist.abstract_model(build), "2x4")  # the linter reads the map the same way
+    assert report.ok, report
+    assert {p: a for p, a in report.placements.items() if p in got} == got
+
+
+def test_a_batch_axis_in_a_map_is_the_data_axis_and_missing_roles_replicate():
+    layout_map = _map(
+        [("mlp/d1/kernel", ("batch", "model"))],
+        keras.distribution.DeviceMesh((2, 4), ("batch", "model"), keras.distribution.list_devices()),
+    )
+    assert kdist.preset("2x4", rules=layout_map).place("mlp/d1/kernel", (784, 200)).axes == ("data", "model")
+    # A mesh named the Keras way reads kdist's role names too.
+    named = kdist.preset("2x4", axis_names=("batch", "model"), rules={"mlp/d1/kernel": ("data", "model")})
+    assert named.place("mlp/d1/kernel", (784, 200)).axes == ("batch", "model")
+    placement = kdist.preset("dp", rules=layout_map).place("mlp/d1/kernel", (784, 200))
+    assert placement.axes == ("data", None) and "has no axis for 'model'" in placement.reason
+    with pytest.raises(RuleError, match="'tensor', which is not in the mesh"):
+        kdist.preset("2x4", rules={"mlp/d1/kernel": (None, "tensor")}).place("mlp/d1/kernel", (784, 200))

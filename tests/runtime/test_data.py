@@ -95,12 +95,17 @@ def test_check_dataset_rejects_unbatched_and_unknown_batch_sizes(arrays):
         kdist.check_dataset(unbatched.batch(12, drop_remainder=True), dist)
 
 
-def test_arrays_for_a_multi_process_fit_are_refused(arrays):
+def test_arrays_for_a_multi_process_fit_are_refused_by_keras_distributions_only(arrays):
     x, y = arrays
     with pytest.raises(
-        kdist.BatchSizeError, match=r"2 processes, and fit\(\) then needs a batched tf.data.Dataset .* received ndarray"
+        kdist.BatchSizeError,
+        match=r"2 processes, and fit\(\) under SimpleNamespace then needs a batched tf.data.Dataset .* ndarray",
     ):
         kdist.check_fit_inputs(x, _two_processes(2))
     assert kdist.check_fit_inputs(x, kdist.preset("dp")) is x  # one process: arrays are fine
+    tp = kdist.preset("tp")
+    tp._num_processes, tp._is_multi_process = 2, True  # as a process of 2 sees it: kdist feeds each its rows
+    assert kdist.check_fit_inputs(x, tp) is x
+    assert kdist.check_batch_size(1, tp) == 1  # every process passes the whole batch: no process count to divide
     ds = kdist.make_dataset(x, y, global_batch_size=32, distribution=_two_processes(2))
     assert kdist.check_fit_inputs(ds, _two_processes(2)) is ds

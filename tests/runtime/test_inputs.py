@@ -35,6 +35,8 @@ CASES = [
     (lambda: kdist.reshard(built(), "2x3"), kdist.SpecError, "'2x3'"),
     (lambda: kdist.reshard(built(), too_long_layout()), RuleError, "'mlp/d1/bias'", "2 axes for 1 dimensions"),
     (lambda: kdist.global_batch_size(0), BatchSizeError, "positive integer", "0"),
+    (lambda: kdist.global_batch_size(np.int64(-2)), BatchSizeError, "positive integer", "-2"),
+    (lambda: kdist.global_batch_size(16.0), BatchSizeError, "positive integer", "16.0"),
     (lambda: kdist.global_batch_size(16, 42), ArgumentTypeError, "distribution must be", "int"),
     (lambda: kdist.check_batch_size(63, "2x4"), BatchSizeError, "63", "62 or 64"),
     (lambda: kdist.check_batch_size("64", "2x4"), BatchSizeError, "positive integer", "'64'"),
@@ -73,3 +75,8 @@ CASES = [
 def test_bad_input_is_refused_clearly(case):
     call, error, *words = case
     raises_clearly(call, error, *words)
+
+
+def test_numpy_integers_are_integers():
+    assert kdist.global_batch_size(np.int64(16), "dp") == 128
+    assert kdist.check_batch_size(np.int32(64), "2x4") == 32

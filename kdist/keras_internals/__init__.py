@@ -1,8 +1,11 @@
 """Every use of Keras's private API in kdist, in one place.
 
-Checked against keras 3.15.1 (the version in constraints.txt). Each function
-says what it reaches into; when Keras changes, this is the module to mend.
-Everything else in kdist uses Keras's public API only.
+Checked against keras 3.15.1 (`CHECKED`, the version in constraints.txt). Each
+function says what it reaches into, and `NEEDED` lists the private attributes,
+checked when kdist is imported: a Keras without one raises `VersionError`
+naming it. When Keras changes, this is the module to mend.
+Everything else in kdist uses Keras's public API only; `loading.py` beside
+this file holds the internals that only `kdist.load` reaches.
 """
 
 import contextlib
@@ -11,12 +14,57 @@ import sys
 
 import jax
 import keras
-from keras.src.backend.common import global_state
-from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re-exported for the activation trace)
-from keras.src.backend.jax import distribution_lib as jax_distribution_lib
-from keras.src.backend.jax import nn as backend_nn
-from keras.src.models.functional import operation_fn  # noqa: F401  (re-exported for the activation trace)
-from keras.src.utils import io_utils
+
+from kdist.errors import VersionError
+
+CHECKED = "3.15.1"
+
+
+def missing_module(error):
+    """The `VersionError` for a Keras internal module that failed to import (`error`, an ImportError)."""
+    return VersionError(
+        f"kdist uses Keras's internal module {error.name or error}, which keras {keras.__version__} lacks; kdist was "
+        f"checked against keras {CHECKED}: pip install keras=={CHECKED}."
+    )
+
+
+try:
+    from keras.src.backend.common import global_state
+    from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re-exported for the activation trace)
+    from keras.src.backend.jax import distribution_lib as jax_distribution_lib
+    from keras.src.backend.jax import nn as backend_nn
+    from keras.src.backend.jax.trainer import JAXTrainer
+    from keras.src.models.functional import operation_fn  # noqa: F401  (re-exported for the activation trace)
+    from keras.src.utils import io_utils
+except ImportError as e:
+    raise missing_module(e) from e
+
+# The private attributes kdist reaches, checked at import so a Keras that moved one fails here, by name.
+NEEDED = {
+    "keras.src.backend.common.global_state": (global_state, ("get_global_attribute",)),
+    "keras.src.backend.jax.distribution_lib": (
+        jax_distribution_lib,
+        ("distribute_tensor", "distribute_data_input", "initialize_rng"),
+    ),
+    "keras.src.backend.jax.nn": (backend_nn, ("dot_product_attention",)),
+    "keras.src.utils.io_utils": (io_utils, ("print_msg",)),
+    "keras.src.backend.jax.trainer.JAXTrainer": (JAXTrainer, ("make_predict_function",)),
+    "keras.Model": (keras.Model, ("_symbolic_build",)),
+    "keras.Variable": (keras.Variable, ("_direct_assign",)),
+}
+
+
+def check_internals(needed=NEEDED):
+    """Raise `VersionError` naming each private attribute in `needed` that this Keras lacks."""
+    missing = [f"{where}.{name}" for where, (obj, names) in needed.items() for name in names if not hasattr(obj, name)]
+    if missing:
+        raise VersionError(
+            f"keras {keras.__version__} lacks {', '.join(missing)}, which kdist uses; kdist was checked against "
+            f"keras {CHECKED}: pip install keras=={CHECKED}."
+        )
+
+
+check_internals()
 
 # --- Variables without values ------------------------------------------------------------------
 
@@ -29,15 +77,17 @@ def deferred():
     created inside are taken off Keras's initialise-later list (the global
     attribute "uninitialized_variables"), so a later top-level
     `StatelessScope` (Keras opens them while training) does not allocate
-    them behind your back.
+    them behind your back. Yields a list that holds those variables once the block ends.
     """
     pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
     before = len(pending)
+    created = []  # yielded: the variables made inside, filled in when the block ends
     try:
         with keras.StatelessScope(initialize_variables=False):
-            yield
+            yield created
     finally:
         pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+        created.extend(pending[before:])
         del pending[before:]
 
 
@@ -279,25 +329,83 @@ def commit_arrays_to(layout_type):
     jax_distribution_lib.distribute_tensor = distribute_tensor
 
 
-# --- Input batches --------------------------------------------------------------------------------
+# --- Input batches and predictions ---------------------------------------------------------------
 
 
-def check_batches_with(check):
-    """Call `check(per_process_batch)` before Keras lays out each input batch on the mesh.
+def lay_out_batches_with(lay_out):
+    """Let `lay_out(per_process_batch, layout, keras_lay_out)` make the global array of every input batch.
 
-    Keras computes a batch's layout once per epoch, from the first batch, and
-    hands every later one (a smaller last batch included) straight to jax, so
-    a distribution cannot see them. This wraps Keras's
-    `backend.jax.distribution_lib.distribute_data_input`, which every batch of
-    fit/evaluate/predict (and keras-hub's generate) goes through; once.
+    Replaces Keras's `backend.jax.distribution_lib.distribute_data_input`,
+    the one function through which the JAX trainer puts every batch of
+    fit/evaluate/predict (the `*_on_batch` methods and keras-hub's generate
+    too) on the mesh, whatever adapter read it (arrays, tf.data, PyDataset,
+    generators); once. `keras_lay_out(per_process_batch, layout)` is Keras's
+    own (each process's batch is its slice of the global one). Keras computes a
+    batch's layout once per epoch from the first batch and hands every later
+    one straight here, so this is also the one place every batch can be checked.
+    Checked against keras 3.15.1 and Keras's main branch of August 2026, which
+    both call it by module attribute for every batch (main moves dataset
+    sharding into the data adapters; this function stays).
     """
-    original = jax_distribution_lib.distribute_data_input
-    if getattr(original, "_kdist_check", None) is not None:
+    original = _required(jax_distribution_lib, "distribute_data_input", "keras.src.backend.jax.distribution_lib")
+    if getattr(original, "_kdist_lay_out", None) is not None:
         return
 
     def distribute_data_input(per_process_batch, layout, batch_dim_name):
-        check(per_process_batch)
-        return original(per_process_batch, layout, batch_dim_name)
+        def keras_lay_out(batch, batch_layout):
+            return original(batch, batch_layout, batch_dim_name)
 
-    distribute_data_input._kdist_check = check
+        return lay_out(per_process_batch, layout, keras_lay_out)
+
+    distribute_data_input._kdist_lay_out = lay_out
     jax_distribution_lib.distribute_data_input = distribute_data_input
+
+
+def gather_predictions_with(gather):
+    """Pass every batch of `predict` / `predict_on_batch` outputs through `gather(outputs)` before Keras reads it.
+
+    Keras's JAX trainer turns each batch's outputs into numpy (`np.concatenate`,
+    `np.array`), which fails for an array spread over several processes. This
+    wraps `JAXTrainer.make_predict_function` so that the `predict_function` it
+    sets (a model attribute Keras calls as `predict_function(state, iterator)`
+    -> `(outputs, state)`) returns `gather(outputs)`; once.
+    """
+    original = _required(JAXTrainer, "make_predict_function", "keras.src.backend.jax.trainer.JAXTrainer")
+    if getattr(original, "_kdist_gather", None) is not None:
+        return
+
+    def make_predict_function(self, force=False):
+        original(self, force)
+        made = self.predict_function  # Keras sets it (and returns it only when it was already made)
+        if getattr(made, "_kdist_gathers", False):
+            return made
+
+        def predict_function(state, iterator):
+            outputs, state = made(state, iterator)
+            return gather(outputs), state
+
+        predict_function._kdist_gathers = True
+        self.predict_function = predict_function
+        return predict_function
+
+    make_predict_function._kdist_gather = gather
+    JAXTrainer.make_predict_function = make_predict_function
+
+
+def _required(owner, name, where):
+    """`owner.name`, or a VersionError naming the installed Keras and the version kdist was checked with."""
+    found = getattr(owner, name, None)
+    if found is None:
+        raise VersionError(
+            f"kdist needs Keras's {where}.{name}, which keras {keras.__version__} does not have; kdist was "
+            f"checked with keras {CHECKED} (pip install -c constraints.txt keras=={CHECKED})."
+        )
+    return found
+
+
+def agree_on_random_seed():
+    """What `keras.distribution.initialize` does after joining: one global random seed, summed over the processes.
+
+    (Keras 3.15's `initialize_rng`; a no-op when `keras.utils.set_random_seed` already set one.)
+    """
+    jax_distribution_lib.initialize_rng()

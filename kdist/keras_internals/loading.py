@@ -1,0 +1,106 @@
+"""Keras internals that only `kdist.load` reaches: its weight-file reads, variable creation and assignment.
+
+Checked against keras 3.15.1, like the package (`kdist.keras_internals.CHECKED`).
+"""
+
+import contextlib
+
+import keras
+
+from kdist.keras_internals import check_internals, deferred, missing_module, set_array
+
+try:
+    from keras.src.saving import saving_lib
+except ImportError as e:
+    raise missing_module(e) from e
+
+check_internals({"keras.src.saving.saving_lib": (saving_lib, ("H5IOStore", "safe_get_h5_dataset"))})
+
+
+@contextlib.contextmanager
+def intercepted_weight_loads(wrap_dataset, stage):
+    """Inside the block, Keras's weight loading hands each HDF5 dataset to `stage` instead of reading it.
+
+    Keras's `load_weights` (and keras-hub's `from_preset`, which calls it)
+    walks the model and, per layer, calls `variable.assign(store[str(i)])`,
+    where `saving.saving_lib.H5IOStore.__getitem__` reads the whole dataset
+    into host memory. Here `__getitem__` returns `wrap_dataset(dataset, dtype)`
+    (the h5py dataset, after Keras's own safety checks, and "bfloat16" when
+    Keras stored it as such, else None) without reading it, and
+    `keras.Variable.assign(variable, value)` calls `stage(variable, value)`;
+    when it returns False, the real `assign` runs. Checked against keras 3.15.1.
+    """
+    store = saving_lib.H5IOStore
+    variable_class = keras.Variable
+    had_own_assign = "assign" in vars(variable_class)
+    original_assign = variable_class.assign
+    original_getitem = store.__getitem__
+
+    def getitem(self, key):
+        dataset = saving_lib.safe_get_h5_dataset(self._h5_entry_group, key)
+        dtype = "bfloat16" if dataset.attrs.get("dtype") == "bfloat16" else None
+        return wrap_dataset(dataset, dtype)
+
+    def assign(variable, value):
+        if stage(variable, value):
+            return value
+        return original_assign(variable, value)
+
+    store.__getitem__ = getitem
+    variable_class.assign = assign
+    try:
+        yield
+    finally:
+        store.__getitem__ = original_getitem
+        if had_own_assign:
+            variable_class.assign = original_assign
+        else:
+            del variable_class.assign
+
+
+@contextlib.contextmanager
+def deferred_values_too():
+    """`deferred()`, where a variable made from a value (an optimizer's iteration count, its learning rate) is
+    deferred too, its value kept as its initializer, instead of Keras's error for values in a stateless scope.
+
+    Wraps `keras.Variable.__init__` inside the block. Checked against keras 3.15.1.
+    """
+    variable_class = keras.Variable
+    had_own_init = "__init__" in vars(variable_class)
+    original_init = variable_class.__init__
+
+    def init(self, initializer, shape=None, dtype=None, *args, **kwargs):
+        if keras.backend.is_keras_tensor(initializer) or callable(initializer) or isinstance(initializer, str):
+            return original_init(self, initializer, shape, dtype, *args, **kwargs)
+        value = keras.ops.convert_to_tensor(initializer, dtype=dtype)
+
+        def constant(shape, dtype=None):
+            return value if dtype is None else keras.ops.cast(value, dtype)
+
+        return original_init(self, constant, tuple(value.shape), dtype or value.dtype, *args, **kwargs)
+
+    variable_class.__init__ = init
+    try:
+        with deferred() as created:
+            yield created
+    finally:
+        if had_own_init:
+            variable_class.__init__ = original_init
+        else:
+            del variable_class.__init__
+
+
+def is_deferred(variable):
+    """Whether a variable was made under `deferred()` and has no value yet (`_value`, `_initializer`)."""
+    return getattr(variable, "_value", None) is None and getattr(variable, "_initializer", None) is not None
+
+
+def materialize(variable, layout, value):
+    """Give a deferred (or live) variable its array and layout; a deferred one forgets its initializer."""
+    variable._initializer = None
+    set_array(variable, layout, value)
+
+
+def initialize_deferred(variable):
+    """Run a deferred variable's initializer now, under the current distribution (`_deferred_initialize`)."""
+    variable._deferred_initialize()
