@@ -93,8 +93,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         for name, value in (("double_checkpoint", double_checkpoint), ("delete_checkpoint", delete_checkpoint)):
             if not isinstance(value, (bool, np.bool_)):
                 raise ArgumentTypeError(
-                    f"BackupAndRestore: {name} must be True or False; "
-                    f"received {name}={shown(value)}."
+                    f"BackupAndRestore: {name} must be True or False; received {name}={shown(value)}."
                 )
         save_freq = save_freq if save_freq == "epoch" else int(save_freq)
         super().__init__(

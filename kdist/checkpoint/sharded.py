@@ -88,8 +88,7 @@ def save_sharded(model, path, *, overwrite=False):
     path = check_path(path, "save_sharded(path)")
     if not isinstance(overwrite, bool):
         raise ArgumentTypeError(
-            "save_sharded: overwrite must be True or False; "
-            f"received overwrite={shown(overwrite)}."
+            f"save_sharded: overwrite must be True or False; received overwrite={shown(overwrite)}."
         )
     check_parent(path, "save_sharded")
     with one_writer(os.path.dirname(path), "save_sharded"):

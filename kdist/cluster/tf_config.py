@@ -1,6 +1,5 @@
 """Translate a TensorFlow `TF_CONFIG` cluster spec (MultiWorkerMirroredStrategy's) into a `ClusterConfig`."""
 
-
 from kdist.checks import shown
 from kdist.cluster.config import ClusterConfig, check_address
 from kdist.errors import ArgumentTypeError, ClusterError
@@ -112,7 +111,5 @@ def _decode(tf_config):
             raise ClusterError(f"TF_CONFIG is not UTF-8 text: {e}.") from None
     spec = parse_json(tf_config, "TF_CONFIG", ClusterError)
     if not isinstance(spec, dict):
-        raise ClusterError(
-            f'TF_CONFIG must be a JSON object with "cluster" and "task"; received {shown(tf_config)}.'
-        )
+        raise ClusterError(f'TF_CONFIG must be a JSON object with "cluster" and "task"; received {shown(tf_config)}.')
     return spec

@@ -27,6 +27,7 @@ def missing_module(error):
         f"checked against keras {CHECKED}: pip install keras=={CHECKED}."
     )
 
+
 try:
     from keras.src.backend.common import global_state
     from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re-exported for the activation trace)

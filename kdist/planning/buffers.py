@@ -95,8 +95,8 @@ def analyse(p, rules):
     Sets on `p`: `mat` (per id: a buffer), `roots` (the buffers a value is
     computed from), `kernels` [(eqn index, buffers made, layer outputs made
     if kept, buffers read, elementwise)], `out_info` (per output / input
-    cotangent: "buffer", "alias" of one buffer, or "cond": decided on the whole
-    graph, since XLA fuses across layer boundaries), `in_needs_buffer` and
+    cotangent: "buffer", "alias" of one buffer or of a "cond" value, or "cond":
+    decided on the whole graph, since XLA fuses across layer boundaries), `in_needs_buffer` and
     `in_readers` (per input), `weight_copy` (buffers that are copies of one
     weight: mixed precision's casts, gradients), `zero_grads`, `kinds`,
     `producer_index`.
@@ -144,10 +144,14 @@ def analyse(p, rules):
         p.in_readers[x] = len(reach[x])
     p.out_info = {}
     for o in list(p.out) + list(p.ga):
+        source = _view_source(o, f, producer, kinds)
         if mat[o]:
             p.out_info[o] = ("buffer", None)
         elif o in cond:
             p.out_info[o] = ("cond", cond[o])
+        elif source in cond:  # a reshape / squeeze of a value decided globally (`x[:, 0]`: slice, then squeeze)
+            p.out_info[source] = ("cond", cond[source])
+            p.out_info[o] = ("alias", source)
         elif roots[o] is not None and len(roots[o]) == 1:
             p.out_info[o] = ("alias", roots[o][0])
         else:
@@ -221,6 +225,13 @@ def _keep_broadcast_sources(f, producer, kinds, readers_of, status):
             source = f.eqns[producer[source]][1][0]
         if source is not None and status[source] in ("virt", "cond"):
             status[source] = "mat"
+
+
+def _view_source(x, f, producer, kinds):
+    """The value x is a bitcast of (through reshapes and transposes), or x itself."""
+    while producer[x] is not None and kinds[producer[x]] == "alias" and f.eqns[producer[x]][1]:
+        x = f.eqns[producer[x]][1][0]
+    return x
 
 
 def _views(x, consumers, f, kinds):

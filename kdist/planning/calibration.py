@@ -11,6 +11,7 @@ was chosen by looking at data are the five compiler switches of
 configs it did not see.
 """
 
+import dataclasses
 import importlib
 import itertools
 import json
@@ -20,6 +21,92 @@ import keras
 
 from kdist.abstract import abstract_model
 from kdist.planning.buffers import SWITCHES, Rules
+
+GPU_RESULTS = "benchmarks/results/planner_vs_gpu.json"  # one H100, measured peaks
+DEVICELESS_RESULTS = "benchmarks/results/planner_vs_deviceless_gpu.json"  # XLA:GPU compiled for H100s, no GPU
+SHARDED_RESULTS = "benchmarks/results/planner_vs_deviceless_sharded.json"  # the same on every mesh of 8 H100s
+ISSUE_21 = (
+    "issue 21: XLA:GPU compiled deviceless for 8 H100s with kdist's presets (rows reported in the issue, not stored "
+    "in benchmarks/results)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BandClass:
+    """The spread of truth / estimate on one class of configs (mesh kind x model family), and where it was seen.
+
+    `low`/`high` are the smallest and largest truth / estimate over the
+    class's rows, rounded outward to whole percents; truth is the measured
+    peak, or XLA:GPU's compiled figure. `rows` says which rows.
+    """
+
+    mesh: str  # "single": one device or data parallel only; "fsdp": fsdp without model/expert; "model": a model axis
+    family: str  # "transformer" (attention), "cnn" (convolutions), "other"
+    low: float
+    high: float
+    rows: str
+
+    @property
+    def name(self):
+        meshes = {"single": "single-device / data-parallel", "fsdp": "fsdp", "model": "model-axis"}
+        return f"{meshes[self.mesh]} {self.family}s"
+
+
+# GPU targets only: the other platforms are not calibrated (no band).
+BANDS = (
+    BandClass(
+        "single",
+        "transformer",
+        0.97,
+        1.21,
+        f"{GPU_RESULTS}: 8 transformers, 0.975-1.010; {DEVICELESS_RESULTS}: keras-hub Llama, GPT-2, ViT on 1 and 2 "
+        f"(data) devices 0.984-1.013, kdist's tiny transformer 1.109 and 1.203; {SHARDED_RESULTS}: small Llama, "
+        "GPT-2, BERT, ViT on data=8 1.051-1.151",
+    ),
+    BandClass(
+        "single",
+        "cnn",
+        0.71,
+        1.21,
+        f"{GPU_RESULTS}: ResNet50 0.992; {DEVICELESS_RESULTS}: ResNet50 bf16 1.000; {ISSUE_21}: other CNNs "
+        "0.72-1.20 (EfficientNet bf16 0.72)",
+    ),
+    BandClass(
+        "fsdp",
+        "transformer",
+        0.95,
+        1.22,
+        f"{DEVICELESS_RESULTS}: Llama-0.5B fsdp=2 0.968, fsdp=4 0.953; {SHARDED_RESULTS}: small Llama, GPT-2, "
+        f"BERT, ViT on 3 fsdp meshes of 8 1.047-1.135; {ISSUE_21}: GPT-2 small fsdp=8 1.22",
+    ),
+    BandClass(
+        "model",
+        "transformer",
+        0.43,
+        2.23,
+        f"{DEVICELESS_RESULTS}: Llama-0.5B with a model axis 1.007-1.031; {SHARDED_RESULTS}: small Llama, GPT-2, "
+        f"BERT, ViT on 6 model-axis meshes of 8 0.811-1.793 (fsdp=4,model=2 1.79); {ISSUE_21}: Gemma-2B fsdp x "
+        "model 1.49-2.22, Llama bf16 up to 1.28, ViT data=4,model=2 0.83 and model=8 0.43, GPT-2 0.81-1.22",
+    ),
+)
+
+
+def mesh_kind(axes):
+    """ "model" when a model or expert axis splits, else "fsdp" when fsdp does, else "single"."""
+    if axes.get("model", 1) > 1 or axes.get("expert", 1) > 1:
+        return "model"
+    return "fsdp" if axes.get("fsdp", 1) > 1 else "single"
+
+
+def band_class(axes, family):
+    """(the `BandClass` of a candidate, why it stands in when the family has none of its own, or "")."""
+    kind = mesh_kind(axes)
+    for band in BANDS:
+        if (band.mesh, band.family) == (kind, family):
+            return band, ""
+    same_mesh = [b for b in BANDS if b.mesh == kind]
+    wide = max(same_mesh, key=lambda b: b.high / b.low)
+    return wide, f"no {family} config was checked on {wide.name.split(' ')[0]} meshes: the widest band of those"
 
 
 def load_configs(path):

@@ -2,23 +2,50 @@
 
 from kdist.meshes.enumerate import spec_of
 from kdist.meshes.spec import ParallelDims
+from kdist.planning.calibration import band_class
 from kdist.planning.comm import communication, validity
-from kdist.planning.memory_model import memory_terms, placed_variables
+from kdist.planning.memory_model import buffer_factors, memory_terms, placed_variables
 from kdist.planning.plan import Candidate
+from kdist.planning.timing import step_time
 from kdist.units import itemsize
 
 
-def evaluate(facts, axes, batch_size, bandwidth, latency):
-    """The `Candidate` of mesh `axes` (role -> size) for `batch_size` examples per step."""
+def evaluate(facts, axes, batch_size, bandwidth, latency, timing=True):
+    """The `Candidate` of mesh `axes` (role -> size) for `batch_size` examples per step (`timing`: its step time)."""
     candidate = Candidate(spec_of(axes), dict(axes))
     rows = placed_variables(facts, ParallelDims.from_sizes(axes))
     for term, value in memory_terms(facts, rows, axes, batch_size).items():
         setattr(candidate, term, value)
-    band = facts.target.band
-    candidate.band = (int(candidate.peak * band[0]), int(candidate.peak * band[1])) if band else None
+    candidate.band, candidate.band_class, candidate.band_why = band(facts, axes, candidate.peak)
     split = axes.get("data", 1) * axes.get("fsdp", 1)
     trainable = [r for r in rows if r.kind == "trainable"]
     scale = itemsize(facts.dtype) if facts.dtype is not None else None
     candidate.comm = communication(facts, trainable, axes, -(-batch_size // split), bandwidth, latency, scale)
+    if timing and facts.traced is not None:
+        factor = buffer_factors(facts, rows, axes, -(-batch_size // split))
+        estimate = step_time(facts, rows, axes, -(-batch_size // split), candidate.comm, factor)
+        if estimate is not None:
+            candidate.compute_seconds, candidate.exposed_comm_seconds = estimate["compute"], estimate["exposed_comm"]
+            candidate.flops, candidate.hbm_bytes = estimate["flops"], estimate["hbm_bytes"]
     candidate.valid, candidate.reason = validity([r for r in rows if r.kind != "optimizer"], axes, batch_size, split)
     return candidate
+
+
+# XLA may apply optimizer updates before the whole backward ends: remat peaks 5-12% lower (docs/plan.md, Limits).
+REMAT_LOW = 0.88
+
+
+def band(facts, axes, peak):
+    """((low, high) bytes, the class it comes from, why it is wider, less sure or absent) for a candidate."""
+    if not facts.target.calibrated:
+        return None, "", f"{facts.target.platform.upper()} targets are not calibrated"
+    if facts.traced is None:
+        return None, "", "activations not estimated: the truth can be far above the estimate"
+    cls, why = band_class(axes, facts.traced.family)
+    low, high, reasons = cls.low, cls.high, [why] if why else []
+    if facts.remat:
+        low *= REMAT_LOW
+        reasons.append(f"remat: XLA may update weights before the backward ends, up to {1 - REMAT_LOW:.0%} lower")
+    if "fused" in facts.traced.attention:
+        reasons.append("fused attention: no fused config was checked, the band is the materialized configs'")
+    return (int(peak * low), int(peak * high)), cls.name, "; ".join(reasons)

@@ -1,5 +1,12 @@
 """Communication per training step: the collectives of each mesh axis and their alpha-beta time (docs/plan.md)."""
 
+import math
+
+# XLA's combiners merge independent all-reduces, all-gathers and reduce-scatters up to this many bytes
+# (kDefault{AllReduce,AllGather,ReduceScatter}CombineThreshold, xla/service/collective_utils.h): the latency
+# term counts the combined collectives, not one per variable.
+COMBINE_THRESHOLD = 30 * 1024 * 1024
+
 
 def communication(facts, rows, axes, local_batch, bandwidth, latency, scale):
     """Per mesh axis: the collectives of one training step, their payload bytes and alpha-beta seconds."""
@@ -36,7 +43,8 @@ def communication(facts, rows, axes, local_batch, bandwidth, latency, scale):
         kind = "all-reduce" if axis == "model" else "all-to-all"
         what = "activations of sharded layers" if axis == "model" else "tokens routed to experts"
         payload = sum(tokens * x * facts.act_itemsize * c for x, c in features)
-        comm[axis] = collectives([(kind, what, payload, sum(c for _, c in features))], n, bandwidth, latency)
+        items = [(kind, what, payload, sum(c for _, c in features), False)]  # each waits for the layer before
+        comm[axis] = collectives(items, n, bandwidth, latency)
     return comm
 
 
@@ -63,16 +71,25 @@ def activation_features(row, axis):
 def collectives(items, n, bandwidth, latency):
     """Alpha-beta cost of collectives over an axis of `n` devices.
 
-    all-reduce: 2(n-1)/n * bytes / bandwidth + 2(n-1) * latency per collective;
+    all-reduce: 2(n-1)/n * bytes / bandwidth + 2(n-1) * latency per launch;
     all-gather, reduce-scatter, all-to-all: (n-1)/n * bytes / bandwidth + (n-1) * latency.
+    items: (kind, of what, bytes, count[, combinable]); `count` collectives of
+    weights and gradients (combinable, the default) are launched as
+    ceil(bytes / COMBINE_THRESHOLD) combined ones (at most `count`), as XLA's
+    combiners do; activations' collectives (combinable False) one by one.
     """
     listed, total_bytes, seconds = [], 0, 0.0
-    for kind, what, nbytes, count in items:
+    for kind, what, nbytes, count, *combinable in items:
         if not count:
             continue
+        launches = count
+        if (combinable or [True])[0] and kind != "all-to-all":
+            launches = min(count, max(1, math.ceil(nbytes / COMBINE_THRESHOLD)))
         steps = 2 * (n - 1) if kind == "all-reduce" else n - 1
-        t = steps / n * nbytes / bandwidth + steps * latency * count
-        listed.append({"kind": kind, "of": what, "bytes": int(nbytes), "count": count, "seconds": t})
+        t = steps / n * nbytes / bandwidth + steps * latency * launches
+        listed.append(
+            {"kind": kind, "of": what, "bytes": int(nbytes), "count": count, "launches": launches, "seconds": t}
+        )
         total_bytes += int(nbytes)
         seconds += t
     return {"size": n, "collectives": listed, "bytes": total_bytes, "seconds": seconds}

@@ -6,7 +6,7 @@ import jax
 import keras
 
 from kdist.checks import shown
-from kdist.errors import ArgumentError, ModelError, PlanError
+from kdist.errors import ArgumentError, KdistError, ModelError, PlanError
 from kdist.inspection.inspector import planned_optimizer
 from kdist.keras_internals import array_of, deferred, input_struct, output_struct, plan_optimizer, set_path
 from kdist.meshes.spec import ParallelDims
@@ -76,6 +76,7 @@ class ModelFacts:
         self.target, self.attention, self.remat, self.compiler_rules = target, attention, remat, compiler_rules
         self._trace_cache = {}  # traced programs by layer signature, shared by `retraced` copies
         self._buffer_static = None
+        self._timing_static = None
         self.act_itemsize = self._activation_itemsize()
         self.traced = self._trace()
 
@@ -144,7 +145,7 @@ class ModelFacts:
         other = copy.copy(self)
         other.remat, other.compiler_rules = remat, compiler_rules or self.compiler_rules
         other.notes = []
-        other._buffer_static = None
+        other._buffer_static = other._timing_static = None
         other.traced = other._trace()
         other.notes = self.notes
         return other
@@ -161,15 +162,24 @@ class ModelFacts:
             return None
         traced = None
         if self.inputs is not None:
-            traced = trace_step(
-                self.model,
-                self.inputs,
-                platform=self.target.platform,
-                attention=self.attention,
-                remat=self.remat,
-                rules=self.compiler_rules,
-                cache=self._trace_cache,
-            )
+            try:
+                traced = trace_step(
+                    self.model,
+                    self.inputs,
+                    platform=self.target.platform,
+                    attention=self.attention,
+                    remat=self.remat,
+                    rules=self.compiler_rules,
+                    cache=self._trace_cache,
+                )
+            except KdistError:
+                raise
+            except Exception as e:  # a graph the step model does not handle: say so, never a raw traceback
+                raise PlanError(
+                    f"The planner could not model the training step of {self.name!r}: {type(e).__name__}: {e}. Plan "
+                    f"its variables instead (kdist.plan(model.weights, ...): weights and optimizer state, no "
+                    "activations), or report the model."
+                ) from e
         if traced is None:
             self.notes.append(
                 f"activations not estimated: {self.name!r} is not a functional Keras model (no layer graph to trace)"

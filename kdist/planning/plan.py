@@ -22,12 +22,21 @@ class Candidate:
     buffers (`loss`), backward temporaries (`backward`) and FSDP's gathered
     weights (`gathered`); `other` the batch shard. `gradients` is the whole
     gradient state (the inspector's bytes), of which only `live_gradients`
-    exist at the peak. `band` is (low, high) bytes the truth fell in on the
-    calibration, None where the target is not calibrated. `comm` maps each
+    exist at the peak. `band` is (low, high) bytes: the peak times the spread
+    of truth / estimate on configs like this one (`band_class`, e.g.
+    "fsdp transformers": `kdist.planning.calibration.BANDS`), widened where
+    the estimate is unsure, or None; `band_why` says why it is wider or
+    absent. `comm` maps each
     mesh axis to `{"size", "collectives": [{"kind", "of", "bytes", "count",
     "seconds"}, ...], "bytes": payload bytes per step, "seconds": alpha-beta
     time}`. `compiled` holds XLA's memory analysis when the plan was
     verified, with the "backend" it was compiled for.
+
+    Step time, an estimate (docs/plan.md, "Step time"): `compute_seconds`
+    (every kernel of the traced step at the target's roofline: `flops` and
+    `hbm_bytes` per device), `exposed_comm_seconds` (the communication not
+    hidden behind compute) and `step_seconds`, their sum; None where the
+    step was not traced or the target's peaks are unknown (the CPU).
     """
 
     spec: str
@@ -50,6 +59,12 @@ class Candidate:
     gathered: int = 0
     phase: str = None
     band: tuple = None
+    band_class: str = ""
+    band_why: str = ""
+    compute_seconds: float = None
+    exposed_comm_seconds: float = None
+    flops: float = None
+    hbm_bytes: float = None
 
     @property
     def peak(self):
@@ -59,6 +74,13 @@ class Candidate:
     @property
     def comm_seconds(self):
         return sum(c["seconds"] for c in self.comm.values())
+
+    @property
+    def step_seconds(self):
+        """Estimated seconds per training step: compute + exposed communication (None without the target's peaks)."""
+        if self.compute_seconds is None:
+            return None
+        return self.compute_seconds + self.exposed_comm_seconds
 
     @property
     def comm_bytes(self):
@@ -91,9 +113,18 @@ class Candidate:
                 "peak": self.peak,
             },
             "band": list(self.band) if self.band else None,
+            "band_class": self.band_class,
+            "band_why": self.band_why,
             "phase": self.phase,
             "comm": self.comm,
             "comm_seconds": self.comm_seconds,
+            "step_estimate": {
+                "compute_seconds": self.compute_seconds,
+                "exposed_comm_seconds": self.exposed_comm_seconds,
+                "step_seconds": self.step_seconds,
+                "flops": self.flops,
+                "hbm_bytes": self.hbm_bytes,
+            },
             "compiled": self.compiled,
             "estimate_over_compiled": self.ratio,
         }
@@ -195,6 +226,9 @@ class Plan(Report):
                 "band_high": c.band[1] if c.band else None,
                 "comm_seconds": c.comm_seconds,
                 "comm_bytes": c.comm_bytes,
+                "compute_seconds_est": c.compute_seconds,
+                "exposed_comm_seconds_est": c.exposed_comm_seconds,
+                "step_seconds_est": c.step_seconds,
                 "compiled_peak": (c.compiled or {}).get("peak"),
                 "reason": c.reason,
             }

@@ -17,6 +17,7 @@ from kdist.checks import MAX_DEVICES, non_negative_number, one_of, positive_int,
 from kdist.errors import PlanError
 from kdist.meshes.enumerate import meshes
 from kdist.planning.attention import ATTENTION
+from kdist.planning.calibration import BANDS
 from kdist.planning.candidates import evaluate
 from kdist.planning.deviceless import COMPILER_OPTIONS, gpu_devices
 from kdist.planning.facts import ModelFacts, check_dtype
@@ -152,7 +153,7 @@ def plan(
         bandwidth,
         latency,
         candidates,
-        notes=_notes(facts) + list(facts.notes),
+        notes=_notes(facts) + _band_notes(facts, candidates) + list(facts.notes),
         rules=rules,
         target=target.name,
         memory_source=source if memory is not None else "",
@@ -177,21 +178,54 @@ def plan(
 def _notes(facts):
     """What the estimate is for: the target and its calibration, attention and remat."""
     target = facts.target
-    band = target.band
-    calibration = (
-        f"truth within {band[0] - 1:+.0%}/{band[1] - 1:+.0%} of the estimate on the H100 calibration"
-        if band
-        else "not calibrated on this platform: no band"
-    )
-    notes = [f"estimated for {target.name} (XLA:{target.platform.upper()} buffer rules; {calibration})"]
+    calibration = "" if target.calibrated else "; not calibrated on this platform: no band"
+    notes = [f"estimated for {target.name} (XLA:{target.platform.upper()} buffer rules{calibration})"]
     if facts.traced is not None and facts.traced.attention != "none":
         notes.append(f"attention traced {facts.traced.attention}" + _attention_why(facts))
+    notes.append(_step_time_note(facts))
     if facts.remat:
         notes.append(
             "remat: each layer's forward is recomputed in the backward pass, about +33% compute per step (a "
             "forward is about a third of forward + backward)"
         )
     return notes
+
+
+def _band_notes(facts, candidates):
+    """Which class of calibration configs each band comes from, and why some are wider or absent."""
+    if not facts.target.calibrated:
+        return []
+    used = {c.band_class for c in candidates if c.band_class}
+    classes = [b for b in BANDS if b.name in used]
+    notes = []
+    if classes:
+        spreads = ", ".join(f"{b.name} {b.low - 1:+.0%}/{b.high - 1:+.0%}" for b in classes)
+        notes.append(
+            f"band: the truth fell within these of the estimate on configs like each mesh (H100, measured or "
+            f"XLA:GPU's figure; kdist.planning.calibration.BANDS): {spreads}"
+        )
+    for why in sorted({c.band_why for c in candidates if c.band_why}):
+        notes.append(f"band: {why}")
+    return notes
+
+
+def _step_time_note(facts):
+    """What the step-time estimate assumes, or why there is none."""
+    target = facts.target
+    if facts.traced is None:
+        return "no step-time estimate without a traced step: ranked by estimated communication"
+    if target.peaks is None:
+        return (
+            f"no step-time estimate: the peak FLOP/s and memory bandwidth of {target.name} are not known to kdist "
+            "(target= a device kind such as 'H100' gives them): ranked by estimated communication"
+        )
+    assumed = f" ({target.name}: an {target.peaks_kind}'s figures assumed)" if target.peaks_kind != target.name else ""
+    return (
+        f"step times are estimates, not measurements: compute at the roofline of {target.peaks_kind}{assumed} "
+        f"({target.peaks[2]}), communication at bandwidth= per device; gradient reductions overlap the backward "
+        "pass, fsdp gathers are prefetched one weight ahead, model/expert collectives are exposed (docs/plan.md, "
+        '"Step time")'
+    )
 
 
 def _attention_why(facts):

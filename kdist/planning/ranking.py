@@ -3,20 +3,22 @@
 from kdist.checks import MAX_DEVICES
 from kdist.meshes.enumerate import meshes
 from kdist.planning.candidates import evaluate
-from kdist.units import human_bytes, human_seconds
+from kdist.render.plan import short_seconds
+from kdist.units import human_bytes
 
 
 def rank(result, facts):
-    """Order the candidates (valid and fitting first, then least communication, then memory) and recommend.
+    """Order the candidates (valid and fitting first, then the fastest estimated step, then memory) and recommend.
 
     A candidate fits when its peak is at most the plan's budget: (1 - margin)
-    x memory_per_device.
+    x memory_per_device. Without a step-time estimate (no traced step, or a
+    target without known peaks) the least communication ranks first.
     """
     budget = result.budget
     for c in result.candidates:
         c.fits = None if budget is None else c.peak <= budget
     ordered = sorted(
-        result.candidates, key=lambda c: (not c.valid, c.fits is False, round(c.comm_seconds, 12), c.peak, c.spec)
+        result.candidates, key=lambda c: (not c.valid, c.fits is False, round(_time(c), 12), c.peak, c.spec)
     )
     for i, c in enumerate(ordered, 1):
         c.rank = i
@@ -36,7 +38,13 @@ def rank(result, facts):
 def _reason(result, best, fitting):
     parts = []
     memory = result.memory_per_device
-    band = f" (likely {human_bytes(best.band[0])}-{human_bytes(best.band[1])})" if best.band else ""
+    band = (
+        f" (likely {human_bytes(best.band[0])}-{human_bytes(best.band[1])}, the spread on {best.band_class}"
+        + (f": {best.band_why}" if best.band_why else "")
+        + ")"
+        if best.band
+        else ""
+    )
     if memory is not None:
         parts.append(
             f"fits {human_bytes(memory)} per device with a {result.margin:.0%} margin: peak {human_bytes(best.peak)}"
@@ -47,18 +55,45 @@ def _reason(result, best, fitting):
             f"peak {human_bytes(best.peak)} per device{band}; no memory_per_device given and none known for the "
             "target, so every valid mesh counts as fitting"
         )
+    timed = best.step_seconds is not None
     if len(fitting) > 1:
         runner = fitting[1]
+        what = "fastest estimated step" if timed else "least estimated communication per step"
         parts.append(
-            f"least estimated communication per step of {len(fitting)} candidates: {human_seconds(best.comm_seconds)} "
-            f"(next: {runner.spec} at {human_seconds(runner.comm_seconds)})"
+            f"{what} of {len(fitting)} candidates: {short_seconds(_time(best))} (next: {runner.spec} at "
+            f"{short_seconds(_time(runner))})"
         )
     else:
         parts.append("the only candidate that fits")
-    if best.comm:
+    if timed:
+        parts.append(_why_fastest(best, fitting))
+    elif best.comm:
         axis, comm = max(best.comm.items(), key=lambda kv: kv[1]["seconds"])
         parts.append(f"most of it on the {axis} axis ({human_bytes(comm['bytes'])} per step)")
     return "; ".join(parts)
+
+
+def _time(c):
+    """What the ranking orders by: the estimated step time, or the communication time without one."""
+    return c.step_seconds if c.step_seconds is not None else c.comm_seconds
+
+
+def _why_fastest(best, fitting):
+    """Which part of the recommended step dominates, and how it compares with the others."""
+    compute, exposed = best.compute_seconds, best.exposed_comm_seconds
+    if exposed > compute:
+        axis = max(best.comm, key=lambda a: best.comm[a]["seconds"]) if best.comm else None
+        where = f", most of it on the {axis} axis ({human_bytes(best.comm[axis]['bytes'])} per step)" if axis else ""
+        text = (
+            f"communication-bound: {short_seconds(exposed)} of communication not hidden behind "
+            f"{short_seconds(compute)} of compute{where}"
+        )
+    else:
+        text = f"compute-bound: {short_seconds(compute)} of compute, {short_seconds(exposed)} of communication exposed"
+    least = min(fitting, key=lambda c: c.compute_seconds)
+    if least is not best and least.compute_seconds < compute:
+        text += f" ({least.spec} computes less, {short_seconds(least.compute_seconds)}, but exposes more communication)"
+    return text
 
 
 def _no_valid_mesh(result):
@@ -118,7 +153,7 @@ def _with_remat(result, facts, valid):
     rematted = facts.retraced(remat=True)
     best = None
     for c in valid:
-        peak = evaluate(rematted, c.axes, result.batch_size, result.bandwidth, result.latency).peak
+        peak = evaluate(rematted, c.axes, result.batch_size, result.bandwidth, result.latency, False).peak
         best = (peak, c.spec) if best is None or peak < best[0] else best
     if best[0] > result.budget:
         return None
@@ -141,7 +176,7 @@ def _largest_fitting_batch(result, facts, valid):
         for _ in range(4):  # activations are not exactly linear in the batch: check, then step down
             if batch <= 0 or (best is not None and batch <= best):
                 break
-            if evaluate(facts, c.axes, batch, result.bandwidth, result.latency).peak <= memory:
+            if evaluate(facts, c.axes, batch, result.bandwidth, result.latency, False).peak <= memory:
                 best = batch
                 break
             batch -= split
@@ -154,7 +189,7 @@ def _devices_that_fit(result, facts, factor_limit=64):
     while n <= min(result.devices * factor_limit, MAX_DEVICES):
         smallest = None
         for axes in meshes(n, ("fsdp", "model")):  # replicas never lower per-device memory
-            c = evaluate(facts, axes, result.batch_size, result.bandwidth, result.latency)
+            c = evaluate(facts, axes, result.batch_size, result.bandwidth, result.latency, False)
             if not c.valid:
                 continue
             if c.peak <= result.budget:

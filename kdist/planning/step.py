@@ -16,6 +16,7 @@ import time
 import jax
 import keras
 
+from kdist.errors import KdistError, PlanError
 from kdist.keras_internals import KerasTensor, deferred, input_struct, nodes_by_depth, output_struct
 from kdist.planning.attention import default_attention, forced_attention
 from kdist.planning.buffers import Rules, analyse
@@ -43,6 +44,14 @@ class TracedStep:
     seconds: float
     programs: int
     notes: list
+    convolutions: bool = False
+
+    @property
+    def family(self):
+        """ "transformer" (some attention traced), "cnn" (convolutions, no attention) or "other"."""
+        if self.attention != "none":
+            return "transformer"
+        return "cnn" if self.convolutions else "other"
 
 
 def compute_dtype(model):
@@ -103,7 +112,8 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
     elif taken != mode:
         notes.append(f"attention {mode!r} was asked for; the layers took {taken!r}")
     seconds = time.perf_counter() - start
-    return TracedStep(step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes)
+    convolutions = any(e[0].startswith("conv_general") for p in walk.programs.values() for e in p.flat.eqns)
+    return TracedStep(step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes, convolutions)
 
 
 class _Walk:
@@ -158,10 +168,21 @@ class _Walk:
             self.mode,
             self.platform,
         )
-        p = self.program(
-            key,
-            lambda: trace_layer(op, trainable, non_trainable, leaves, treedef, diff_pos, const_pos, shapes, self.remat),
-        )
+        try:
+            p = self.program(
+                key,
+                lambda: trace_layer(
+                    op, trainable, non_trainable, leaves, treedef, diff_pos, const_pos, shapes, self.remat
+                ),
+            )
+        except KdistError:
+            raise
+        except Exception as e:  # any failure of a layer's own code under tracing: name the layer
+            raise PlanError(
+                f"The planner could not trace layer {op.name!r} ({type(op).__name__}) of the training step: "
+                f"{type(e).__name__}: {e}. Plan the model's variables instead (kdist.plan(model.weights, ...): "
+                "weights and optimizer state, no activations), or report the layer."
+            ) from e
         inputs = {lid: self.weight_id(v) for lid, v in zip(p.w, trainable)}
         inputs.update((lid, self.weight_id(v)) for lid, v in zip(p.c[: len(non_trainable)], non_trainable))
         inputs.update((lid, self.tensor[id(leaves[i])]) for lid, i in zip(p.c[len(non_trainable) :], const_pos))

@@ -24,10 +24,6 @@ from kdist.jax_internals import backends_initialized, memory_limit
 # more than 4% beyond XLA's buffers, and the estimate's band adds up to 2% (docs/plan.md, "What fits means").
 DEFAULT_MARGIN = 0.10
 
-# truth / estimate on the shared H100 measurements (benchmarks/results/planner_vs_gpu.json): 0.975-1.010 over
-# 9 configs (8 measured peaks, 1 XLA figure), rounded outward to whole percents.
-GPU_BAND = (0.97, 1.02)
-
 # XLA:CPU's compiled figure / the H100 truth for the same step, where the shared file has both.
 CPU_PROXY_RATIO = {"transformers": (1.48, 2.03), "resnet50": (1.56, 1.56)}
 
@@ -43,6 +39,49 @@ DEVICE_KINDS = {
     "TPU v5e": ("tpu", 16 * 2**30, "a TPU v5e chip's 16 GiB of HBM"),
     "TPU v5p": ("tpu", 95 * 2**30, "a TPU v5p chip's 95 GiB of HBM"),
 }
+# device kind -> dense peak FLOP/s of matrix units by compute dtype, memory bandwidth in bytes/s, and the source.
+# float32 matrix products run as TF32 on NVIDIA tensor cores (JAX's default precision on A100 and later) and as
+# single-pass bfloat16 on TPUs (JAX's default precision there); both are what XLA runs for a float32 model.
+PEAKS = {
+    "H100": (
+        {"bfloat16": 989e12, "float16": 989e12, "float32": 494.7e12},
+        3.35e12,
+        "NVIDIA H100 SXM5 datasheet: 989 TFLOP/s BF16/FP16 and 494.7 TFLOP/s TF32 dense, 3.35 TB/s HBM3",
+    ),
+    "H200": (
+        {"bfloat16": 989e12, "float16": 989e12, "float32": 494.7e12},
+        4.8e12,
+        "NVIDIA H200 SXM datasheet: 989 TFLOP/s BF16/FP16 and 494.7 TFLOP/s TF32 dense, 4.8 TB/s HBM3e",
+    ),
+    "A100-80GB": (
+        {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12},
+        2.039e12,
+        "NVIDIA A100 SXM 80GB datasheet: 312 TFLOP/s BF16/FP16 and 156 TFLOP/s TF32 dense, 2.039 TB/s HBM2e",
+    ),
+    "A100-40GB": (
+        {"bfloat16": 312e12, "float16": 312e12, "float32": 156e12},
+        1.555e12,
+        "NVIDIA A100 SXM 40GB datasheet: 312 TFLOP/s BF16/FP16 and 156 TFLOP/s TF32 dense, 1.555 TB/s HBM2",
+    ),
+    "TPU v4": (
+        {"bfloat16": 275e12, "float16": 275e12, "float32": 275e12},
+        1.2e12,
+        "Google Cloud TPU v4 documentation: 275 TFLOP/s BF16 per chip, 1.2 TB/s HBM",
+    ),
+    "TPU v5e": (
+        {"bfloat16": 197e12, "float16": 197e12, "float32": 197e12},
+        8.19e11,
+        "Google Cloud TPU v5e documentation: 197 TFLOP/s BF16 per chip, 819 GB/s HBM",
+    ),
+    "TPU v5p": (
+        {"bfloat16": 459e12, "float16": 459e12, "float32": 459e12},
+        2.765e12,
+        "Google Cloud TPU v5p documentation: 459 TFLOP/s BF16 per chip, 2,765 GB/s HBM",
+    ),
+}
+# Which kind's peaks a plan for a bare platform assumes (said in the plan's notes).
+PLATFORM_PEAKS = {"gpu": "H100", "tpu": "TPU v5p"}
+
 PLATFORMS = ("gpu", "tpu", "cpu")
 _ALIASES = {"cuda": "gpu", "rocm": "gpu", "a100": "A100-80GB"}
 
@@ -54,9 +93,7 @@ class Target:
     `name`: "gpu", "tpu", "cpu" or a device kind ("H100"); `platform`: the
     compiler whose rules the estimate follows; `memory`: bytes one device
     may use by default (None: unknown), and `memory_source` saying where that
-    figure comes from; `band`: (low, high) of truth / estimate in the
-    calibration, None where the platform is not calibrated; `local`: the
-    target is this machine's accelerator.
+    figure comes from; `local`: the target is this machine's accelerator.
     """
 
     name: str
@@ -66,8 +103,22 @@ class Target:
     local: bool = False
 
     @property
-    def band(self):
-        return GPU_BAND if self.platform == "gpu" else None
+    def calibrated(self):
+        """Whether plans for this target get a band (`kdist.planning.calibration.BANDS`: GPU targets)."""
+        return self.platform == "gpu"
+
+    @property
+    def peaks_kind(self):
+        """The device kind whose peak FLOP/s and memory bandwidth the step time uses (None: not known)."""
+        if self.name in PEAKS:
+            return self.name
+        return PLATFORM_PEAKS.get(self.name) if self.name in PLATFORMS else None
+
+    @property
+    def peaks(self):
+        """({compute dtype: peak FLOP/s}, memory bytes/s, source) of one device, or None (e.g. the CPU)."""
+        kind = self.peaks_kind
+        return PEAKS[kind] if kind is not None else None
 
 
 def resolve_target(target=None):
@@ -141,8 +192,7 @@ def check_margin(margin):
     """`margin` as a float in [0, 1)."""
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
         raise ArgumentError(
-            "margin must be a fraction of the memory in [0, 1), e.g. 0.1; "
-            f"received margin={shown(margin)}."
+            f"margin must be a fraction of the memory in [0, 1), e.g. 0.1; received margin={shown(margin)}."
         )
     return float(margin)
 

@@ -33,6 +33,10 @@ class Step:
         self.virtual = {}  # tensor fused into its readers -> the buffers it is computed from
         self.bwd_start = None
         self._life = None
+        # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
+        # shapes of the operation it runs; per variable: the events using it and its final gradient buffer.
+        self.event_flops, self.event_dtype, self.event_shapes = [], [], []
+        self.weight_uses, self.final_grads = {}, []
 
     def new(self, size, shape, term="activations", dtype="float32"):
         self.size.append(size)
@@ -75,8 +79,7 @@ class Step:
         for x, w in p.weight_copy.items():
             if mapping.get(x) is not None and w in mapping and mapping[w] in self.weight_of:
                 self.weight_of.setdefault(mapping[x], self.weight_of[mapping[w]])
-        for o in list(p.out) + list(p.ga):
-            kind, extra = p.out_info[o]
+        for o, (kind, extra) in p.out_info.items():  # outputs, input cotangents and the values they are views of
             if kind == "alias":
                 mapping[o] = mapping[extra]
             elif kind == "cond":
@@ -125,6 +128,7 @@ class Step:
         self._resolve()
         memo = {}
         self.events = []
+        self.event_flops, self.event_dtype, self.event_shapes, self.final_grads = [], [], [], []
         for item in self.agenda:
             if item[0] == "loss_start":
                 self.bwd_start = len(self.events) if self.bwd_start is None else self.bwd_start
@@ -137,14 +141,26 @@ class Step:
                     if made or p.kinds[i] == "kernel":
                         read = {r for x in used for r in self._expand(mapping[x], memo)}
                         self.events.append((made, tuple(read), inplace))
+                        _, ins, outs = p.flat.eqns[i]
+                        self._event_info(p.flat.flops[i], p.flat.dtype[outs[0]] if outs else "float32",
+                                         tuple(p.flat.shape[x] for x in (*ins, *outs)))  # fmt: skip
             elif item[0] == "acc":
                 read = {r for x in item[2] for r in self._expand(x, memo)}
                 self.events.append(([item[1]], tuple(read), True))
+                self._event_info()
             else:  # "opt": the optimizer update reads the gradient
                 self.events.append(([], self._expand(item[1], memo), False))
+                self._event_info()
+                if item[1] in self.weight_of:  # (variable, its gradient, the update reading it)
+                    self.final_grads.append((self.weight_of[item[1]], item[1], len(self.events) - 1))
         self._add_gathers(remat, gather_itemsize)
         self._add_unreduced()
         self._life = None
+
+    def _event_info(self, flops=0, dtype="float32", shapes=()):
+        self.event_flops.append(flops)
+        self.event_dtype.append(str(dtype))
+        self.event_shapes.append(shapes)
 
     def _add_gathers(self, remat, gather_itemsize):
         """FSDP: each weight a kernel reads is all-gathered before it (full size here; 0 after scaling without fsdp).
@@ -160,6 +176,7 @@ class Step:
             for x in used:
                 if x in self.weight_of and self.term[x] in ("external", "activations", "backward"):
                     uses.setdefault(self.weight_of[x], []).append(t)
+        self.weight_uses = {var: sorted(set(times)) for var, times in uses.items()}
         split = self.bwd_start if self.bwd_start is not None else len(events)
         externals = {v: g for g, v in self.weight_of.items() if self.term[g] == "external"}
         for var, times in uses.items():

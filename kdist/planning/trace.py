@@ -44,6 +44,7 @@ class Flat:
 
     def __init__(self):
         self.size, self.shape, self.dtype, self.eqns = [], [], [], []
+        self.flops = []  # per equation: multiply-add FLOPs x 2 of matrix products and convolutions, else 0
 
     def new(self, aval):
         """A new value id for an abstract value (bytes at the traced shape)."""
@@ -53,6 +54,29 @@ class Flat:
         self.shape.append(shape)
         self.dtype.append(dtype)
         return len(self.size) - 1
+
+
+def eqn_flops(eqn):
+    """FLOPs of a matrix product or convolution (2 per multiply-add) at the traced shapes; 0 for anything else.
+
+    dot_general: 2 x |output| x |contracted dimensions|. conv_general_dilated:
+    2 x |output| x |kernel| / output features (each output element is one
+    dot product over a kernel's input features x window; this also holds for
+    grouped convolutions and for the weight-gradient convolution), divided by
+    the input dilation: the input gradient of a strided convolution is a
+    convolution of the cotangent spread with zeros, which cuDNN skips.
+    """
+    name = eqn.primitive.name
+    if name not in ("dot_general", "conv_general_dilated"):
+        return 0
+    out = math.prod(getattr(eqn.outvars[0].aval, "shape", ()))
+    lhs, rhs = (tuple(getattr(v.aval, "shape", ())) for v in eqn.invars[:2])
+    if name == "dot_general":
+        (contract, _), _ = eqn.params["dimension_numbers"]
+        return 2 * out * math.prod(lhs[d] for d in contract)
+    kernel_out = rhs[eqn.params["dimension_numbers"].rhs_spec[0]] or 1
+    dilated = math.prod(eqn.params.get("lhs_dilation") or (1,))  # a strided conv's input gradient: zeros skipped
+    return 2 * out * math.prod(rhs) // kernel_out // dilated
 
 
 def _itemsize(dtype):
@@ -94,6 +118,7 @@ def flatten(jaxpr, in_ids, flat):
         outs = [flat.new(v.aval) for v in eqn.outvars]
         env.update(zip(eqn.outvars, outs))
         flat.eqns.append((eqn.primitive.name, [i for i in ins if i is not None], outs))
+        flat.flops.append(eqn_flops(eqn))
     return [get(v) for v in jaxpr.outvars]
 
 

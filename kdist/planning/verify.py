@@ -106,9 +106,10 @@ def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
     data = keras.tree.map_structure(data_struct, (x, y))
     with dist.scope():
         if compiler_options:
-            memory = xla_memory(compile_train_step_with_options(clone, state, data, compiler_options))
+            compiled = compile_train_step_with_options(clone, state, data, compiler_options)
         else:
-            memory = xla_memory(compile_train_step(clone, state, data))
+            compiled = compile_train_step(clone, state, data)
+    memory = xla_memory(compiled)
     # "peak" is XLA's total, argument + output - alias + temp: every buffer of the step counted
     # once (the CPU backend's peak_memory_in_bytes leaves temporaries out, so it is not used).
     return {
@@ -117,7 +118,25 @@ def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
         "peak": memory["total"],
         "backend": devices[0].platform,
         "device_kind": devices[0].device_kind,
+        **_cost(compiled),
     }
+
+
+def _cost(compiled):
+    """XLA's cost analysis of the compiled step per device: "flops" and "bytes_accessed" ({} where it has none)."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # a backend without cost analysis: the figures are extras, not a reason to fail
+        return {}
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    cost = cost or {}
+    out = {}
+    if "flops" in cost:
+        out["flops"] = float(cost["flops"])
+    if "bytes accessed" in cost:
+        out["bytes_accessed"] = float(cost["bytes accessed"])
+    return out
 
 
 def _rebuild(facts):

@@ -8,7 +8,7 @@ from kdist.units import human_bytes, human_seconds, short_bytes
 
 WIDE = 130  # from this width the table shows every memory term
 # Columns in the order they are given up when the width is short (the note column folds, the mesh never shrinks).
-OPTIONAL = ("traffic", "transient", "activ.", "optim.", "weights", "band", "comm/step")
+OPTIONAL = ("traffic", "transient", "activ.", "optim.", "weights", "comm/step", "band", "fits", "compute", "exposed")
 
 
 def plan_renderables(p, width=80):
@@ -75,8 +75,20 @@ def _cells(p, c):
         "est/comp": f"{c.ratio:.2f}" if c.ratio else "",
         "fits": {True: "yes", False: "no", None: "-"}[c.fits],
         "comm/step": human_seconds(c.comm_seconds),
+        "compute": short_seconds(c.compute_seconds),
+        "exposed": short_seconds(c.exposed_comm_seconds),
+        "step": short_seconds(c.step_seconds),
         "traffic": " ".join(f"{axis}:{short_bytes(x['bytes'])}" for axis, x in c.comm.items()),
     }
+
+
+def short_seconds(seconds):
+    """ "1.23s", "4.56ms", "7.89us": a time in at most 6 characters; "" for None."""
+    if seconds is None:
+        return ""
+    if seconds >= 1:
+        return f"{seconds:.3g}s"
+    return f"{seconds * 1e3:.3g}ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g}us"
 
 
 def _note(c):
@@ -90,15 +102,20 @@ def candidates_table(p, width=80):
     backends = sorted({c.compiled.get("backend", "?") for c in p.candidates if c.compiled})
     columns = ["#", "mesh"]
     columns += ["weights", "optim.", "activ.", "transient"] if width >= WIDE else []
-    columns += ["peak", "band"] + (["compiled", "est/comp"] if backends else []) + ["fits", "comm/step", "traffic"]
+    timed = any(c.step_seconds is not None for c in p.candidates)
+    columns += ["peak", "band"] + (["compiled", "est/comp"] if backends else []) + ["fits"]
+    columns += ["compute", "exposed", "step", "traffic"] if timed else ["comm/step", "traffic"]
+    columns += ["comm/step"] if timed and width >= WIDE else []
     rows = [(_cells(p, c), _note(c), c) for c in p.candidates]
     heads = {name: name for name in columns}
     if backends:
         heads["compiled"] = f"compiled ({'/'.join(backends)})"
+    noted = any(note for _, note, _ in rows)
 
     def needed(names):
         widths = [max([len(heads[n])] + [len(cells[n]) for cells, _, _ in rows]) + 1 for n in names]
-        return sum(widths) + 12  # the note column keeps at least 12 columns
+        edges = len(names) + (2 if noted else 1)  # the box's column separators and edges
+        return sum(widths) + edges + (12 if noted else 0)  # the note column keeps at least 12 columns when used
 
     for name in OPTIONAL:
         if needed(columns) <= width:
@@ -107,16 +124,26 @@ def candidates_table(p, width=80):
             columns.remove(name)
     if needed(columns) > width:
         return _candidate_list(p, rows, width)
-    caption = "★ recommended; bytes per device; band: where the truth fell on the calibration"
+    caption = "★ recommended; bytes per device"
+    if "band" in columns:
+        caption += "; band: where the truth fell on the calibration"
     if backends:
         caption += f"; compiled: XLA's figure on {'/'.join(backends)}"
-    t = table(caption=caption + "; comm/step: estimated collective time per step")
+    if timed:
+        caption += (
+            "; step = compute + exposed (communication not hidden behind compute): estimated time per training "
+            "step, not measured"
+        )
+    if "comm/step" in columns:
+        caption += "; comm/step: estimated collective time per step"
+    t = table(caption=caption)
     for name in columns:
         justify = "left" if name in ("mesh", "traffic", "fits", "band") else "right"
         t.add_column(heads[name], justify=justify, no_wrap=True)
-    t.add_column("note", overflow="fold", ratio=1)
+    if noted:
+        t.add_column("note", overflow="fold", ratio=1)
     for cells, note, c in rows:
-        t.add_row(*(Text(cells[n]) for n in columns), Text(note), style=_style(p, c))
+        t.add_row(*(Text(cells[n]) for n in columns), *([Text(note)] if noted else []), style=_style(p, c))
     return t
 
 
@@ -125,9 +152,8 @@ def _candidate_list(p, rows, width):
     lines = []
     for cells, note, c in rows:
         lines.append(Text(f"{cells['#']}. {cells['mesh']}", style=_style(p, c)))
-        figures = f"peak {cells['peak']}, fits {cells['fits']}, comm {cells['comm/step']}" + (
-            f"; {note}" if note else ""
-        )
+        timing = f"step {cells['step']} (est.)" if c.step_seconds is not None else f"comm {cells['comm/step']}"
+        figures = f"peak {cells['peak']}, fits {cells['fits']}, {timing}" + (f"; {note}" if note else "")
         lines.append(Text("   " + figures, style=_style(p, c)))
     return Group(*lines)
 

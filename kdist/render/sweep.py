@@ -35,10 +35,13 @@ def sweep_table(result, width=None):
         title=f"kdist sweep: {result.machine['device_count']} {result.machine['platform']} devices, "
         f"batch {settings['batch_size']}, {settings['steps']} timed steps after {settings['warmup']} warm-up",
     )
-    columns = ["mesh", "axes", "step ms", "IQR", "samples/s"] + (["tokens/s"] if has_tokens else [])
+    has_step_estimate = any(r.estimate_step_time is not None for r in result.rows)
+    columns = ["mesh", "axes", "step ms"] + (["est. ms", "meas/est"] if has_step_estimate else [])
+    columns += ["IQR", "samples/s"] + (["tokens/s"] if has_tokens else [])
     columns += ["compile s", "XLA mem", "weights+opt", "estimate", "loss", "vs bare", "notes"]
     if width is not None and width < 140:
-        columns = [c for c in columns if c in _COMPACT]
+        compact = _COMPACT if not has_step_estimate else ("mesh", "step ms", "est. ms", "XLA mem", "loss", "vs bare")
+        columns = [c for c in columns if c in compact]
     for name in columns:
         t.add_column(name, justify="left" if name in ("mesh", "axes", "notes") else "right", no_wrap=name != "notes")
     for r in result.rows:
@@ -56,6 +59,8 @@ def sweep_table(result, width=None):
             "mesh": Text(r.mesh + (" ★" if r.fastest else "")),
             "axes": " ".join(f"{k}:{v}" for k, v in r.axes.items()),
             "step ms": f"{r.step_time * 1e3:.2f}",
+            "est. ms": f"{r.estimate_step_time * 1e3:.3g}" if r.estimate_step_time is not None else "-",
+            "meas/est": f"{r.measured_over_estimate:.2f}" if r.measured_over_estimate is not None else "-",
             "IQR": f"{r.step_time_iqr * 1e3:.2f}",
             "samples/s": f"{r.samples_per_s:,.0f}",
             "tokens/s": f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "-",
@@ -73,6 +78,12 @@ def sweep_table(result, width=None):
         "- alias + temp) and weights + optimizer state (kdist.inspect). loss: the last step's. vs bare: "
         "median step time against the same compiled step timed in a bare loop."
         + ("" if has_estimate else " estimate: not requested.")
+        + (
+            " est. ms: kdist.plan's estimated step time (an estimate, not measured)"
+            + ("; meas/est: measured / estimated." if "meas/est" in columns else ".")
+            if has_step_estimate
+            else ""
+        )
         + (f" {result.estimate_caption}" if has_estimate and result.estimate_caption else "")
     )
     return t

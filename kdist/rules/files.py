@@ -83,8 +83,7 @@ def save_rules(rules, path):
     text = json.dumps(data, indent=2) + "\n" if fmt == ".json" else _to_toml(data)
     if path.exists() and not path.is_file():
         raise RuleError(
-            f"Cannot write rules file {str(path)!r}: it exists and is not a regular file; "
-            f"give a file path."
+            f"Cannot write rules file {str(path)!r}: it exists and is not a regular file; give a file path."
         )
     try:
         path.write_text(text, encoding="utf-8")

@@ -37,8 +37,7 @@ def get_rules(name, *, lora=False):
     """
     if not isinstance(name, (str, pathlib.Path)):
         raise ArgumentTypeError(
-            "A rule set name must be a string or a path; "
-            f"received {type(name).__name__} {shown(name)}."
+            f"A rule set name must be a string or a path; received {type(name).__name__} {shown(name)}."
         )
     key = str(name)
     if key in RULE_SETS:

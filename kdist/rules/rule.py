@@ -73,8 +73,7 @@ class Rule:
         for name in ("note", "family"):
             if not isinstance(getattr(self, name), str):
                 raise RuleError(
-                    f"Rule {shown(self.pattern)}: {name} must be a string; "
-                    f"received {getattr(self, name)!r}."
+                    f"Rule {shown(self.pattern)}: {name} must be a string; received {getattr(self, name)!r}."
                 )
         try:
             compiled = re.compile(self.pattern)
@@ -319,8 +318,7 @@ def _data_layouts(value, where):
     """Layouts from plain data: one list of axes, or a list of such lists."""
     if not isinstance(value, list):
         raise RuleError(
-            f"{where}: 'layouts' must be a list (one layout or a list of layouts); "
-            f"received {shown(value)}."
+            f"{where}: 'layouts' must be a list (one layout or a list of layouts); received {shown(value)}."
         )
     if all(a is None or isinstance(a, str) for a in value):
         return tuple(value)

@@ -45,8 +45,7 @@ def global_batch_size(per_replica_batch_size, distribution=None):
     """
     if not is_int(per_replica_batch_size) or per_replica_batch_size < 1:
         raise BatchSizeError(
-            "per_replica_batch_size must be a positive integer; "
-            f"received {shown(per_replica_batch_size)}."
+            f"per_replica_batch_size must be a positive integer; received {shown(per_replica_batch_size)}."
         )
     return int(per_replica_batch_size) * num_replicas(distribution)
 
@@ -70,9 +69,7 @@ def check_batch_size(global_batch_size, distribution=None):
             names the nearest sizes that do.
     """
     if not is_int(global_batch_size) or global_batch_size < 1:
-        raise BatchSizeError(
-            f"The global batch size must be a positive integer; received {shown(global_batch_size)}."
-        )
+        raise BatchSizeError(f"The global batch size must be a positive integer; received {shown(global_batch_size)}.")
     global_batch_size = int(global_batch_size)
     distribution = _distribution(distribution)
     replicas = num_replicas(distribution)

@@ -24,7 +24,9 @@ class SweepRow:
     loss per step, warm-up steps first. `direct_step_time` is the median of the
     same compiled step timed in a bare loop, each bare step next to a timed one;
     `agreement` is the median over those pairs of `timed / bare`, minus 1. `loop_overhead_s` is the
-    time per step the timing loop spends outside the timed calls.
+    time per step the timing loop spends outside the timed calls. `estimate_step_time` is `kdist.plan`'s
+    estimated step time for the mesh on `estimate_target` (an estimate; on fake CPU devices the measured
+    time is a proxy and not comparable with it), `measured_over_estimate` their ratio.
     """
 
     mesh: str
@@ -43,6 +45,8 @@ class SweepRow:
     state_bytes: int = None
     estimate_bytes: int = None
     estimate_note: str = NO_ESTIMATE
+    estimate_step_time: float = None
+    estimate_target: str = ""
     losses: list = dataclasses.field(default_factory=list)
     direct_step_times: list = dataclasses.field(default_factory=list)
     direct_step_time: float = None
@@ -60,6 +64,13 @@ class SweepRow:
         return self.losses[-1] if self.losses else None
 
     @property
+    def measured_over_estimate(self):
+        """Measured / estimated step time, or None."""
+        if not self.step_time or not self.estimate_step_time:
+            return None
+        return self.step_time / self.estimate_step_time
+
+    @property
     def measured_s(self):
         """Seconds inside the measured steps."""
         return float(sum(self.step_times))
@@ -71,7 +82,12 @@ class SweepRow:
 
     def to_dict(self):
         data = dataclasses.asdict(self)
-        data.update(final_loss=self.final_loss, measured_s=self.measured_s, overhead_s=self.overhead_s)
+        data.update(
+            final_loss=self.final_loss,
+            measured_s=self.measured_s,
+            overhead_s=self.overhead_s,
+            measured_over_estimate=self.measured_over_estimate,
+        )
         return data
 
 
@@ -147,14 +163,21 @@ class SweepResult(Report):
 
     @property
     def estimate_caption(self):
-        """What the estimate column stands beside on CPU devices ("" elsewhere)."""
+        """What the estimate columns stand beside on CPU devices ("" elsewhere)."""
         if self.machine["platform"] != "cpu":
             return ""
         low, high = CPU_PROXY_RATIO["transformers"]
-        return (
+        text = (
             "estimate: kdist.plan's peak for its default target (a GPU), beside XLA:CPU's compiled figure, a proxy "
             f"that ran {low:.1f}-{high:.1f}x the H100's for transformers."
         )
+        targets = sorted({r.estimate_target for r in self.rows if r.estimate_step_time is not None})
+        if targets:
+            text += (
+                f" est. ms: the planner's estimated step time on {'/'.join(targets)}; the measured step ms here "
+                "are CPU proxies, not comparable with it."
+            )
+        return text
 
     def to_dict(self):
         return {
@@ -203,6 +226,9 @@ def csv_record(row):
         "state_bytes": row.state_bytes,
         "estimate_bytes": row.estimate_bytes,
         "estimate_note": row.estimate_note,
+        "estimate_step_time_ms": _ms(row.estimate_step_time),
+        "estimate_target": row.estimate_target,
+        "measured_over_estimate": row.measured_over_estimate,
         "final_loss": row.final_loss,
         "losses": " ".join(f"{v:.6g}" for v in row.losses),
         "direct_step_time_ms": _ms(row.direct_step_time),

@@ -15,19 +15,18 @@ import jax
 import keras
 import numpy as np
 
-from kdist.abstract import abstract_model
 from kdist.checks import is_int, non_negative_int, shown
 from kdist.devices import resolve_devices
-from kdist.errors import ArgumentError, ArgumentTypeError
+from kdist.errors import ArgumentError, ArgumentTypeError, PlanError
 from kdist.inspection.inspector import inspect
 from kdist.jax_internals import compile_train_step, memory_limit, xla_memory
 from kdist.keras_internals import symbolic_build
 from kdist.machine import machine_info
 from kdist.meshes.enumerate import data_model_specs
-from kdist.planning.planner import plan
 from kdist.presets import build_preset
 from kdist.render.progress import steps as steps_progress
 from kdist.runtime.data import check_batch_size
+from kdist.runtime.sweep_estimate import check_top, default_estimate, describe
 from kdist.runtime.sweep_result import SweepResult, SweepRow
 from kdist.runtime.timing import record_times, run_steps, step_losses, timed_steps
 from kdist.units import human_bytes, parse_size
@@ -52,6 +51,7 @@ def sweep(
     direct_check=True,
     progress=True,
     console=None,
+    top=None,
 ):
     """Train `build_model()` under each mesh shape and compare step time, memory and losses.
 
@@ -100,14 +100,17 @@ def sweep(
             far the measured step time is from it (`SweepRow.agreement`).
         progress: show progress (a bar on a terminal, one line per stage otherwise).
         console: a `rich.console.Console` for the progress (default: stderr).
+        top: sweep only the `top` leading candidates of `kdist.plan` (valid
+            meshes that fit first, by estimated step time) instead of
+            `meshes`, which must then be "all". Each row then holds the
+            planner's estimated step time beside the measured one.
 
     Returns:
         A `SweepResult`.
     """
     if not callable(build_model):
         raise ArgumentTypeError(
-            "build_model must be a function returning a Keras model; "
-            f"received {shown(build_model)}."
+            f"build_model must be a function returning a Keras model; received {shown(build_model)}."
         )
     devices = resolve_devices(devices) if devices is not None else None
     specs = _mesh_specs(meshes, devices)
@@ -130,13 +133,25 @@ def sweep(
     if not (estimate in ("planner", None) or callable(estimate)):
         raise ArgumentError(
             'estimate must be "planner", None or a function (model, distribution) -> bytes; '
-            f'received {shown(estimate)}.'
+            f"received {shown(estimate)}."
         )
-    if estimate == "planner":
+    if top is not None:
+        top = check_top(top, meshes)
+    if estimate == "planner" or top is not None:
         num_devices = len(devices) if devices is not None else jax.device_count()
-        estimate = _default_estimate(
-            build_model, num_devices, batch_size, optimizer if loss is not None else None, rules
+        planned = default_estimate(
+            build_model,
+            num_devices,
+            batch_size,
+            _optimizer(optimizer) if loss is not None else None,
+            rules,
+            strict=top is not None,
         )
+        estimate = planned if estimate == "planner" else estimate
+        if top is not None:
+            specs = [c.spec for c in planned.plan.candidates if c.valid and c.fits is not False][:top]
+            if not specs:
+                raise PlanError(f"top={top}: the planner found no valid mesh that fits. {planned.plan.advice}")
     settings = {
         "meshes": specs,
         "steps": steps,
@@ -148,6 +163,7 @@ def sweep(
         "strict": strict,
         "device_memory": device_memory,
         "seed": seed,
+        "top": top,
     }
     previous = keras.distribution.distribution()
     start = time.perf_counter()
@@ -264,46 +280,13 @@ def _prepare(row, spec, config, distribution, batch):
         try:
             row.estimate_bytes = int(config.estimate(model, distribution))
             row.estimate_note = "planner estimate"
+            candidate = getattr(config.estimate, "candidate", None)
+            if candidate is not None:
+                row.estimate_step_time = candidate(distribution).step_seconds
+                row.estimate_target = config.estimate.plan.target
         except Exception as e:  # an estimate is a column, not a reason to fail the shape
-            row.estimate_note = f"not available: {_describe(e)}"
+            row.estimate_note = f"not available: {describe(e)}"
     return model
-
-
-def planner_estimate(build_model, devices, *, batch_size, optimizer="adam", rules=None):
-    """An `estimate` for `sweep`: the peak bytes per device `kdist.plan` estimates for each mesh.
-
-    The model is planned once, abstractly (nothing allocated), for all the
-    meshes of `devices` devices; each shape then looks its mesh up.
-    """
-    model = abstract_model(build_model)
-    if optimizer is None:
-        optimizer = getattr(model, "optimizer", None) or "adam"
-    result = plan(model, devices, batch_size=batch_size, optimizer=_optimizer(optimizer), rules=rules)
-    by_axes = {tuple(sorted(c.axes.items())): c for c in result.candidates}
-
-    def estimate(model, distribution):
-        sizes = {r: s for r, s in zip(distribution.roles, distribution.device_mesh.shape) if s > 1} or {"data": 1}
-        candidate = by_axes.get(tuple(sorted(sizes.items())))
-        if candidate is None:
-            planned = ", ".join(c.spec for c in result.candidates)
-            raise LookupError(f"the planner has no mesh {sizes} (it planned {planned})")
-        if not candidate.valid:
-            raise LookupError(f"the planner marks {candidate.spec} invalid: {candidate.reason}")
-        return candidate.peak
-
-    return estimate
-
-
-def _default_estimate(build_model, devices, batch_size, optimizer, rules):
-    try:
-        return planner_estimate(build_model, devices, batch_size=batch_size, optimizer=optimizer, rules=rules)
-    except Exception as e:  # every row then says why the planner could not help
-        reason = f"the planner failed: {_describe(e)}"
-
-        def unavailable(model, distribution):
-            raise LookupError(reason)
-
-        return unavailable
 
 
 def _attempt(stage, fn):
@@ -312,13 +295,7 @@ def _attempt(stage, fn):
     except _Failed:
         raise
     except Exception as e:  # a failed shape is a row, not a crash
-        raise _Failed(stage, _describe(e)) from e
-
-
-def _describe(error):
-    text = str(error).strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
-    return f"{type(error).__name__}: {first[:400]}"
+        raise _Failed(stage, describe(e)) from e
 
 
 def _build(config, batch):

@@ -30,6 +30,8 @@ CASES = [
     (["plan", "mlp", "--devices", "8"], "the following arguments are required: --batch-size"),
     (["sweep", "no-such-model"], "Unknown model 'no-such-model'"),
     (["sweep", "mlp", "--devices", "0"], "expected an integer >= 1"),
+    (["sweep", "mlp", "--top", "2", "--meshes", "8x1"], "--top 2 picks the meshes from the plan"),
+    (["sweep", "mlp", "--top", "0"], "expected an integer >= 1"),
     (["sweep", "mlp", "--meshes", "2x3", "--steps", "1", "--warmup", "0"], None),  # a failed shape is a row, exit 1
     (["launch"], "give a script to run"),
     (["launch", "-n", "0", "x.py"], "expected an integer >= 1"),

@@ -36,7 +36,8 @@ def test_plan_at_80_columns_shows_the_ranking_the_recommendation_and_why(capsys,
     assert ranks == [str(i) for i in range(1, 11)]  # the whole ranking, in order
     flat = " ".join(text.split())
     assert f"Recommended: {result.recommendation.spec}" in flat
-    assert "with a 10% margin" in flat and "least estimated communication" in flat  # why
+    assert "with a 10% margin" in flat and "fastest estimated step" in flat  # why
+    assert "step = compute + exposed" in flat and "not measured" in flat  # step times are labelled estimates
     assert "likely" in flat  # the band, not a bare number
     assert "target gpu" in flat and "estimated for gpu" in flat
 

@@ -35,3 +35,32 @@ def test_verify_target_needs_a_known_gpu_and_verify():
         kdist.plan(mnist_mlp, 2, batch_size=64, verify=True, verify_target="TPU v5p")
     with pytest.raises(kdist.PlanError, match="pass it with verify=True"):
         kdist.plan(mnist_mlp, 2, batch_size=64, verify_target="H100")
+
+
+@needs_plugin
+def test_sharded_rows_fall_in_the_band_of_their_class():
+    """Two rows of benchmarks/planner_vs_deviceless_sharded.py (a small keras-hub Llama on 8 H100s), recompiled."""
+    keras_hub = pytest.importorskip("keras_hub")
+    config = dict(
+        vocabulary_size=8192,
+        num_layers=4,
+        num_query_heads=8,
+        num_key_value_heads=2,
+        hidden_dim=512,
+        intermediate_dim=1536,
+    )
+    result = kdist.plan(
+        lambda: keras_hub.models.LlamaBackbone(**config),
+        8,
+        batch_size=32,
+        sequence_length=512,
+        target="H100",
+        attention="materialized",
+        verify=["data=8", "fsdp=8"],
+        verify_target="H100",
+    )
+    for spec, band_class in (("data=8", "single-device / data-parallel transformers"), ("fsdp=8", "fsdp transformers")):
+        c = result.candidate(spec)
+        assert c.band_class == band_class
+        assert c.band[0] <= c.compiled["peak"] <= c.band[1], (spec, c.peak, c.compiled["peak"])
+        assert 0.9 <= c.ratio <= 1.1, (spec, c.ratio)

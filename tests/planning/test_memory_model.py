@@ -7,7 +7,7 @@ import kdist
 from kdist import PlanError
 from kdist.errors import ArgumentError
 from kdist.models import tiny_transformer
-from kdist.planning.targets import DEFAULT_MARGIN, GPU_BAND, resolve_target
+from kdist.planning.targets import DEFAULT_MARGIN, resolve_target
 
 LLAMA = dict(
     vocabulary_size=256, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=64, intermediate_dim=128
@@ -96,9 +96,9 @@ def test_fsdp_keeps_gathered_weights_and_data_parallel_does_not():
 
 def test_targets_and_their_memory():
     h100 = resolve_target("h100")
-    assert (h100.name, h100.platform, h100.memory) == ("H100", "gpu", 63763906560) and h100.band == GPU_BAND
+    assert (h100.name, h100.platform, h100.memory) == ("H100", "gpu", 63763906560) and h100.calibrated
     assert resolve_target("NVIDIA H100 80GB HBM3").name == "H100"
-    assert resolve_target("tpu").band is None and resolve_target("cpu").memory is None
+    assert not resolve_target("tpu").calibrated and resolve_target("cpu").memory is None
     assert resolve_target(None).name == "gpu"  # this machine has no accelerator: a GPU is planned for
     with pytest.raises(ArgumentError, match=r"target='abacus' is not a platform or a device kind.*'H100'"):
         resolve_target("abacus")

@@ -141,6 +141,37 @@ def test_estimate_comes_from_the_planner_by_default(result):
     assert "beside XLA:CPU's compiled figure, a proxy that ran 1.5-2.0x the H100's" in result.estimate_caption
 
 
+def test_the_planner_step_time_stands_beside_the_measured_one(result):
+    for r in result.ok_rows:
+        assert r.estimate_step_time > 0 and r.estimate_target == "gpu"
+        assert r.measured_over_estimate == pytest.approx(r.step_time / r.estimate_step_time)
+    assert "CPU proxies, not comparable" in result.estimate_caption
+    records = list(csv.DictReader(io.StringIO(result.to_csv())))
+    assert float(records[0]["estimate_step_time_ms"]) > 0
+
+
+def test_top_sweeps_the_plans_leading_meshes_only():
+    top = sweep(
+        tiny_model,
+        tiny_data(),
+        steps=1,
+        warmup=0,
+        batch_size=BATCH,
+        loss="sparse_categorical_crossentropy",
+        progress=False,
+        top=2,
+        direct_check=False,
+    )
+    plan = kdist.plan(kdist.abstract_model(tiny_model), 8, batch_size=BATCH, optimizer="adam")
+    leading = [c for c in plan.candidates if c.valid][:2]
+    assert [r.mesh for r in top.rows] == [c.spec for c in leading] and top.settings["top"] == 2
+    assert [r.estimate_step_time for r in top.rows] == [c.step_seconds for c in leading]
+    with pytest.raises(kdist.ArgumentError, match=r"top=2 picks the meshes from the plan.*meshes=\['8x1'\]"):
+        sweep(tiny_model, tiny_data(), ["8x1"], batch_size=BATCH, top=2, progress=False)
+    with pytest.raises(kdist.ArgumentError, match="top must be a positive integer"):
+        sweep(tiny_model, tiny_data(), batch_size=BATCH, top=0, progress=False)
+
+
 def test_estimate_can_be_turned_off():
     row = dp_row(estimate=None)
     assert row.estimate_bytes is None and row.estimate_note == NO_ESTIMATE

@@ -28,6 +28,12 @@ def register(commands, common):
         help='comma-separated mesh specs, e.g. "8x1,2x4,fsdp" (default "all": every data x model '
         "factorisation, then dp, fsdp and tp)",
     )
+    parser.add_argument(
+        "--top",
+        type=positive,
+        metavar="K",
+        help="sweep only the K meshes kdist plan ranks first (by estimated step time) and show the estimate",
+    )
     parser.add_argument("--steps", type=positive, default=10, metavar="N", help="timed steps per shape (default 10)")
     parser.add_argument(
         "--warmup", type=non_negative, default=2, metavar="N", help="warm-up steps per shape (default 2)"
@@ -53,6 +59,8 @@ def run(args):
             f"--devices {args.devices}: this machine has {len(available)} {available[0].platform} device(s). "
             f"Pass --devices 1 to {len(available)}, or --fake-devices {args.devices} for fake CPU devices."
         )
+    if args.top is not None and args.meshes != "all":
+        raise SpecError(f"--top {args.top} picks the meshes from the plan: leave out --meshes {args.meshes!r}.")
     samples = args.batch_size * min(args.steps + args.warmup, 4)
     data, loss = random_data(load_model(args.model, abstract=True), samples, seed=args.seed)
     meshes = "all" if args.meshes == "all" else [m.strip() for m in args.meshes.split(",") if m.strip()]
@@ -67,6 +75,7 @@ def run(args):
         devices=available[: args.devices],
         strict=args.strict,
         seed=args.seed,
+        top=args.top,
     )
     console.print(result)
     if args.out:

@@ -1,0 +1,130 @@
+"""The planner's per-device peak on every mesh of 8 devices, against XLA:GPU compiled for 8 deviceless H100s.
+
+Small keras-hub backbones (a decoder LM, GPT-2, BERT with its integer-indexed
+pooler, ViT) at sizes that compile in seconds on a CPU, each planned for
+target "H100" with materialized attention (deviceless XLA cannot take cuDNN's
+flash attention) and every mesh compiled by XLA:GPU for 8 H100s without a GPU
+(`verify_target="H100"`: needs jax-cuda13-pjrt). Small steps carry cuBLAS's
+fixed workspaces, which the estimate leaves to the margin: batches are chosen
+so the step is at least a few hundred MB per device.
+
+Run: JAX_PLATFORMS=cpu python benchmarks/planner_vs_deviceless_sharded.py
+Writes benchmarks/results/planner_vs_deviceless_sharded.json.
+"""
+
+import importlib
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
+
+DEVICES = 8
+CONFIGS = [
+    (
+        "llama h512 4 layers v8192 b32 s512",
+        "LlamaBackbone",
+        dict(
+            vocabulary_size=8192,
+            num_layers=4,
+            num_query_heads=8,
+            num_key_value_heads=2,
+            hidden_dim=512,
+            intermediate_dim=1536,
+        ),
+        32,
+        512,
+    ),
+    (
+        "gpt2 h512 4 layers v8192 b32 s512",
+        "GPT2Backbone",
+        dict(
+            vocabulary_size=8192,
+            num_layers=4,
+            num_heads=8,
+            hidden_dim=512,
+            intermediate_dim=2048,
+            max_sequence_length=512,
+        ),
+        32,
+        512,
+    ),
+    (
+        "bert h512 4 layers v8192 b32 s512",
+        "BertBackbone",
+        dict(
+            vocabulary_size=8192,
+            num_layers=4,
+            num_heads=8,
+            hidden_dim=512,
+            intermediate_dim=2048,
+            max_sequence_length=512,
+        ),
+        32,
+        512,
+    ),
+    (
+        "vit h384 4 layers p16 224 b64",
+        "ViTBackbone",
+        dict(image_shape=(224, 224, 3), patch_size=16, num_layers=4, num_heads=6, hidden_dim=384, mlp_dim=1536),
+        64,
+        None,
+    ),
+]
+
+
+def main():
+    import kdist  # before keras_hub: selects the JAX backend
+    from kdist.machine import machine_info
+
+    keras_hub = importlib.import_module("keras_hub")
+
+    kdist.fake_devices(DEVICES)
+    rows = []
+    for label, cls, config, batch, sequence in CONFIGS:
+        start = time.perf_counter()
+        result = kdist.plan(
+            lambda cls=cls, config=config: getattr(keras_hub.models, cls)(**config),
+            DEVICES,
+            batch_size=batch,
+            sequence_length=sequence,
+            target="H100",
+            attention="materialized",
+            verify=True,
+            verify_target="H100",
+        )
+        for c in result.candidates:
+            if not c.compiled:
+                continue
+            reference = c.compiled["peak"]
+            rows.append(
+                {
+                    "config": label,
+                    "mesh": c.spec,
+                    "estimate": c.peak,
+                    "xla_gpu_deviceless": reference,
+                    "ratio": round(c.peak / reference, 3),
+                    "band_class": c.band_class,
+                    "in_band": c.band[0] <= reference <= c.band[1] if c.band else None,
+                    "terms": c.to_dict()["bytes"],
+                    "step_estimate": c.to_dict()["step_estimate"],
+                }
+            )
+            print(
+                f"{label:38} {c.spec:22} {c.peak / 1e9:7.3f} GB {reference / 1e9:7.3f} GB {c.peak / reference:6.3f}",
+                flush=True,
+            )
+        print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
+    out = Path(__file__).parent / "results" / "planner_vs_deviceless_sharded.json"
+    out.write_text(
+        json.dumps(
+            {"machine": machine_info(), "target": f"{DEVICES} H100s (deviceless XLA:GPU)", "rows": rows}, indent=1
+        )
+        + "\n"
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

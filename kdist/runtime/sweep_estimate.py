@@ -1,0 +1,73 @@
+"""The planner beside a sweep: its estimate per mesh shape, and the meshes `sweep(top=K)` takes from the plan."""
+
+import keras
+
+from kdist.abstract import abstract_model
+from kdist.checks import is_int, shown
+from kdist.errors import ArgumentError, PlanError
+from kdist.planning.planner import plan
+
+
+def planner_estimate(build_model, devices, *, batch_size, optimizer="adam", rules=None):
+    """An `estimate` for `sweep`: the peak bytes per device `kdist.plan` estimates for each mesh.
+
+    The model is planned once, abstractly (nothing allocated), for all the
+    meshes of `devices` devices; each shape then looks its mesh up.
+    """
+    model = abstract_model(build_model)
+    if optimizer is None:
+        optimizer = getattr(model, "optimizer", None) or "adam"
+        if isinstance(optimizer, keras.optimizers.Optimizer):  # the model's own: a copy, never the one it trains with
+            optimizer = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    result = plan(model, devices, batch_size=batch_size, optimizer=optimizer, rules=rules)
+    by_axes = {tuple(sorted(c.axes.items())): c for c in result.candidates}
+
+    def candidate(distribution):
+        sizes = {r: s for r, s in zip(distribution.roles, distribution.device_mesh.shape) if s > 1} or {"data": 1}
+        found = by_axes.get(tuple(sorted(sizes.items())))
+        if found is None:
+            planned = ", ".join(c.spec for c in result.candidates)
+            raise LookupError(f"the planner has no mesh {sizes} (it planned {planned})")
+        if not found.valid:
+            raise LookupError(f"the planner marks {found.spec} invalid: {found.reason}")
+        return found
+
+    def estimate(model, distribution):
+        return candidate(distribution).peak
+
+    estimate.plan, estimate.candidate = result, candidate  # the whole plan, and each mesh's candidate (step time)
+    return estimate
+
+
+def default_estimate(build_model, devices, batch_size, optimizer, rules, strict=False):
+    """The planner's estimate; when it fails, one that says why in every row (or, `strict`, a PlanError)."""
+    try:
+        return planner_estimate(build_model, devices, batch_size=batch_size, optimizer=optimizer, rules=rules)
+    except Exception as e:  # every row then says why the planner could not help
+        if strict:
+            raise PlanError(f"top= sweeps the planner's leading meshes, but the planner failed: {describe(e)}") from e
+        reason = f"the planner failed: {describe(e)}"
+
+        def unavailable(model, distribution):
+            raise LookupError(reason)
+
+        return unavailable
+
+
+def check_top(top, meshes):
+    if not is_int(top) or top < 1:
+        raise ArgumentError(
+            f"top must be a positive integer (how many of the plan's meshes to sweep); received {shown(top)}."
+        )
+    if not (isinstance(meshes, str) and meshes == "all"):
+        raise ArgumentError(
+            f'top={top} picks the meshes from the plan; leave meshes out ("all"), received meshes={shown(meshes)}.'
+        )
+    return top
+
+
+def describe(error):
+    """An error as one line: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    first = next((line for line in text if line.strip()), "")
+    return f"{type(error).__name__}: {first[:400]}"

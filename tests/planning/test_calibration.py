@@ -1,0 +1,79 @@
+"""The plan's band: the spread of truth / estimate on configs like each mesh, from the stored benchmark results."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import kdist
+from kdist.models import mnist_mlp, tiny_transformer
+from kdist.planning.calibration import BANDS, DEVICELESS_RESULTS, GPU_RESULTS, SHARDED_RESULTS, band_class, mesh_kind
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _axes(spec):
+    return {k: int(v) for k, v in (part.split("=") for part in spec.split(","))}
+
+
+def _stored_rows():
+    """(mesh kind, family, truth / estimate) of every row of the stored results the bands cite."""
+    rows = []
+    for r in json.loads((ROOT / GPU_RESULTS).read_text())["rows"]:
+        family = "cnn" if "resnet" in r["config"] else "transformer"
+        rows.append(("single", family, r["truth"] / r["estimate"]))
+    for path in (DEVICELESS_RESULTS, SHARDED_RESULTS):
+        for r in json.loads((ROOT / path).read_text())["rows"]:
+            family = "cnn" if "resnet" in r["config"] else "transformer"
+            rows.append((mesh_kind(_axes(r["mesh"])), family, r["xla_gpu_deviceless"] / r["estimate"]))
+    return rows
+
+
+def test_every_stored_row_falls_in_the_band_of_its_class():
+    rows = _stored_rows()
+    assert len(rows) == 9 + 14 + 40
+    for kind, family, ratio in rows:
+        band, why = band_class(_axes("data=1") if kind == "single" else {kind: 2}, family)
+        assert not why and band.low <= ratio <= band.high, (kind, family, ratio)
+
+
+def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward():
+    """The single-device transformer band cites only stored rows: its bounds are their extremes, not fitted."""
+    ratios = [r for kind, family, r in _stored_rows() if (kind, family) == ("single", "transformer")]
+    band = next(b for b in BANDS if (b.mesh, b.family) == ("single", "transformer"))
+    assert band.low == pytest.approx(int(min(ratios) * 100) / 100)
+    assert band.high == pytest.approx(-(-max(ratios) * 100 // 1) / 100)
+
+
+def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():
+    model = kdist.abstract_model(tiny_transformer)
+    result = kdist.plan(model, 8, batch_size=16)
+    classes = {c.spec: c.band_class for c in result.candidates}
+    assert classes["data=8"] == "single-device / data-parallel transformers"
+    assert classes["fsdp=8"] == "fsdp transformers"
+    assert classes["model=8"] == classes["data=2,fsdp=2,model=2"] == "model-axis transformers"
+    data, model8 = result.candidate("data=8"), result.candidate("model=8")
+    assert data.band == (int(data.peak * 0.97), int(data.peak * 1.21))
+    assert model8.band == (int(model8.peak * 0.43), int(model8.peak * 2.23))
+    assert any("model-axis transformers -57%/+123%" in note for note in result.notes)
+    assert result.recommendation.band_class in result.reason
+
+
+def test_unsure_estimates_get_a_wider_band_and_say_why():
+    mlp = kdist.abstract_model(mnist_mlp)
+    one = kdist.plan(mlp, 1, batch_size=64).candidates[0]
+    assert one.band_class == "single-device / data-parallel cnns"  # the widest band of one-device configs
+    assert "no other config was checked" in one.band_why
+    model = kdist.abstract_model(tiny_transformer)
+    plain = kdist.plan(model, 1, batch_size=16).candidates[0]
+    rematted = kdist.plan(model, 1, batch_size=16, remat=True)
+    c = rematted.candidates[0]
+    assert c.band[0] == int(c.peak * 0.97 * 0.88) and "remat" in c.band_why
+    assert any("band: remat" in note for note in rematted.notes)
+    assert not plain.band_why
+    fused = kdist.plan(model, 1, batch_size=16, attention="fused").candidates[0]
+    assert "no fused config was checked" in fused.band_why
+    assert fused.band == (int(fused.peak * 0.97), int(fused.peak * 1.21))  # said, not widened
+    variables = kdist.plan(model.weights, 1, batch_size=16).candidates[0]
+    assert variables.band is None and "activations not estimated" in variables.band_why
+    assert kdist.plan(model, 1, batch_size=16, target="cpu").candidates[0].band is None

@@ -1,0 +1,71 @@
+"""Tracing the training step: integer indexing (BERT's `x[:, 0, :]`) and layers that cannot be traced."""
+
+import keras
+import pytest
+
+import kdist
+from kdist.planning.facts import ModelFacts
+from kdist.planning.step import trace_step
+from kdist.planning.targets import resolve_target
+from kdist.planning.trace import TRACE_BATCH
+
+
+def _pooled():
+    """A functional model that takes the first token of a sequence with `x[:, 0, :]`, as BERT's pooler does."""
+    tokens = keras.Input((16,), dtype="int32")
+    h = keras.layers.Embedding(100, 32)(tokens)
+    h = keras.layers.Dense(32, activation="relu")(h)
+    first = h[:, 0, :]
+    return keras.Model(tokens, keras.layers.Dense(10)(first))
+
+
+def test_a_model_indexing_a_tensor_with_an_integer_is_planned():
+    model = kdist.abstract_model(_pooled)
+    for devices in (1, 8):
+        result = kdist.plan(model, devices, batch_size=32)
+        assert result.recommendation is not None
+        for c in result.candidates:
+            assert c.activations > 0 and c.peak == c.weights + c.optimizer + c.activations + c.transient + c.other
+
+
+def test_the_slice_of_the_first_token_is_an_alias_of_the_value_it_is_cut_from():
+    model = kdist.abstract_model(_pooled)
+    facts = ModelFacts(model, "adam", None, None, None, resolve_target("gpu"))
+    traced = trace_step(model, facts.inputs)
+    step = traced.step
+    # The (batch, 32) first token is one value: the Dense reading it reads a buffer of that shape (or its source).
+    pooled = [g for g, s in enumerate(step.shape) if s == (TRACE_BATCH, 32)]
+    assert pooled, step.shape
+    read = {x for _, used, _ in step.events for x in used}
+    assert any(g in read or g in step.virtual for g in pooled)
+
+
+def test_a_tiny_bert_backbone_is_planned():
+    pytest.importorskip("keras_hub")
+    from kdist import zoo
+
+    model = zoo.load_model("tiny-bert")
+    result = kdist.plan(model, 8, batch_size=8, sequence_length=16)
+    assert len(result.candidates) == 10 and result.recommendation is not None
+    assert all(c.activations > 0 for c in result.candidates if c.valid)
+
+
+class _Untraceable(keras.layers.Layer):
+    """Works symbolically (its output spec is declared), fails on the tensors of a trace."""
+
+    def call(self, x):
+        raise RuntimeError("this layer cannot run on tracers")
+
+    def compute_output_spec(self, x):
+        return keras.KerasTensor(x.shape, x.dtype)
+
+
+def test_a_layer_that_cannot_be_traced_is_a_plan_error_naming_it():
+    def build():
+        x = keras.Input((8,))
+        h = keras.layers.Dense(8)(x)
+        return keras.Model(x, keras.layers.Dense(4)(_Untraceable(name="odd_layer")(h)))
+
+    model = kdist.abstract_model(build)
+    with pytest.raises(kdist.PlanError, match=r"could not trace layer 'odd_layer' \(_Untraceable\).*RuntimeError"):
+        kdist.plan(model, 2, batch_size=8)
