@@ -25,20 +25,7 @@ import kdist
 config = kdist.initialize()
 
 from jax.experimental import multihost_utils  # noqa: E402
-
-
-def listening(port):
-    """The local addresses of sockets listening on `port` (from /proc/net/tcp and tcp6)."""
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                local, state = line.split()[1], line.split()[3]
-                address, hex_port = local.rsplit(":", 1)
-                if state == "0A" and int(hex_port, 16) == port:
-                    found.append(address)
-    return found
-
+from sockets import listening  # noqa: E402  (this folder is the script's sys.path[0])
 
 fault, fault_rank = sys.argv[1], int(sys.argv[2])
 print(f"READY {config.process_id} {config.engine} {config.coordinator_address}", flush=True)
