@@ -4,6 +4,7 @@ import jax
 import keras
 from keras.distribution import DeviceMesh, LayoutMap, ModelParallel, TensorLayout
 
+from kdist.cluster.engines import check_not_alone
 from kdist.errors import ArgumentTypeError, BatchSizeError
 from kdist.global_batches import gather_outputs, lay_out_global_batch
 from kdist.keras_internals import commit_arrays_to, gather_predictions_with, lay_out_batches_with, own_layout
@@ -73,6 +74,7 @@ class ShardedDistribution(ModelParallel):
                 f"ShardedDistribution needs a keras.distribution.DeviceMesh (e.g. kdist.mesh('2x4')); "
                 f"received {type(device_mesh).__name__}."
             )
+        check_not_alone("a ShardedDistribution")  # one of several tasks of a job it has not joined: say so
         self.dims = ParallelDims.from_device_mesh(device_mesh, roles)
         self.placer = placer_for(rules, self.dims, fsdp_min_size=fsdp_min_size)
         self.spec = spec

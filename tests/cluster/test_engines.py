@@ -5,6 +5,7 @@ against Open MPI 4.1, SLURM 22.05 srun and sbatch on this machine); the
 real engines run in test_mpirun.py and test_srun.py.
 """
 
+import keras
 import pytest
 
 import kdist
@@ -87,6 +88,14 @@ def test_a_preset_in_a_task_that_has_not_joined_is_refused(monkeypatch):
         kdist.mesh("2x4")
     monkeypatch.setenv("KDIST_ALONE", "1")
     assert kdist.preset("dp").device_mesh.shape == (8,)
+
+
+def test_a_distribution_on_the_users_own_mesh_in_a_task_that_has_not_joined_is_refused(monkeypatch):
+    mesh = keras.distribution.DeviceMesh((8,), ["data"], keras.distribution.list_devices())
+    for name, value in OPENMPI.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(kdist.ClusterError, match="built a ShardedDistribution before joining the job"):
+        kdist.ShardedDistribution(mesh)
 
 
 def test_a_kdist_launch_child_that_has_not_joined_is_refused(monkeypatch):
