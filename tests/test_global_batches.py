@@ -88,10 +88,15 @@ def test_the_readme_example_trains_as_two_processes_with_the_losses_of_one(readm
 
 
 @pytest.mark.skipif(MPIRUN is None, reason="Open MPI's mpirun is not installed")
-def test_the_readme_example_under_mpirun_has_the_losses_of_one_process(readme_alone):
+def test_the_readme_example_under_mpirun_has_the_losses_of_one_process(readme_alone, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "KDIST_FAKE_DEVICES")}
     env.update(KDIST_FAKE_DEVICES="4", PYTHONPATH=str(ROOT))  # the example's own kdist.initialize() joins the job
-    command = [MPIRUN, "-n", "2", "--allow-run-as-root", "--oversubscribe", sys.executable, "-c", PRINT_LOSSES]
+    # Each rank's output in a file of its own: on mpirun's merged stdout the ranks' lines can interleave.
+    outputs = tmp_path / "ranks"
+    command = [
+        *(MPIRUN, "-n", "2", "--allow-run-as-root", "--oversubscribe", "--output-filename", str(outputs)),
+        *(sys.executable, "-c", PRINT_LOSSES),
+    ]
     with subprocess.Popen(
         command, env=env, cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     ) as proc:
@@ -103,7 +108,8 @@ def test_the_readme_example_under_mpirun_has_the_losses_of_one_process(readme_al
             pytest.fail("mpirun -n 2 did not end within 240 s:\n" + output.decode(errors="replace")[-3000:])
     text = output.decode(errors="replace")
     assert proc.returncode == 0, text[-3000:]
-    launched = _losses([[line[len("LOSSES") :]] for line in text.splitlines() if line.startswith("LOSSES")])
+    ranks = [(outputs / "1" / f"rank.{rank}" / "stdout").read_text().splitlines() for rank in (0, 1)]
+    launched = _losses([[line[len("LOSSES") :] for line in lines if line.startswith("LOSSES")] for lines in ranks])
     assert len(launched) == 2 and launched[0] == launched[1], text[-3000:]
     np.testing.assert_allclose(launched[0], readme_alone, rtol=1e-6)
 
