@@ -50,7 +50,7 @@ def positive_number(value, name, *, unit="", allow_none=False, error=ArgumentErr
     """`value` as a float > 0 (finite), or None when `allow_none`."""
     if value is None and allow_none:
         return None
-    if not is_real(value) or not 0 < value < float("inf"):
+    if not _is_real(value) or not 0 < value < float("inf"):
         accepted = f"a positive number{f' of {unit}' if unit else ''}" + (" or None" if allow_none else "")
         raise error(f"{name} must be {accepted}; received {name}={shown(value)}.")
     return float(value)
@@ -58,7 +58,7 @@ def positive_number(value, name, *, unit="", allow_none=False, error=ArgumentErr
 
 def non_negative_number(value, name, *, unit="", error=ArgumentError):
     """`value` as a float >= 0 (finite)."""
-    if not is_real(value) or not 0 <= value < float("inf"):
+    if not _is_real(value) or not 0 <= value < float("inf"):
         raise error(f"{name} must be a number >= 0{f' of {unit}' if unit else ''}; received {name}={shown(value)}.")
     return float(value)
 
@@ -71,5 +71,5 @@ def one_of(value, name, choices, *, error=ArgumentError):
     return value
 
 
-def is_real(value):
+def _is_real(value):
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
