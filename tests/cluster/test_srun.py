@@ -31,9 +31,9 @@ def slurm(tmp_path_factory):
     cluster.stop()
 
 
-def srun(slurm, args, n=2, devices=4, extra_env=None, timeout=300):
+def srun(slurm, args, n=2, devices=4, extra_env=None, timeout=300, options=()):
     env = engine_env(devices, {"SLURM_CONF": slurm.env["SLURM_CONF"], **(extra_env or {})})
-    command = ["srun", "--label", "-n", str(n), "--mpi=none", *args]
+    command = ["srun", "--label", "-n", str(n), "--mpi=none", *options, *args]
     return run_engine(command, env, timeout, labelled="srun")
 
 
@@ -51,11 +51,13 @@ def test_two_srun_tasks_train_as_one_8_device_job(slurm):
 
 @pytest.mark.parametrize("fault, others", [("raise", "barrier"), ("raise", "sleep"), ("kill", "barrier")])
 def test_a_failed_task_ends_the_srun_step_within_seconds(slurm, fault, others):
-    """ "sleep": the other task is in no collective, so only kdist's scancel of the step ends it.
-    "kill": task 1 SIGKILLs itself; task 0's collective fails and kdist's handler ends it and the step (or, when
-    jax's coordination service sees the lost task first, jax aborts task 0)."""
+    """ "raise": kdist's handler ends the task and cancels the step; "sleep": the other task is in no collective, so
+    only that scancel ends it. "kill": task 1 SIGKILLs itself, so no handler of its own runs; srun ends the step
+    with --kill-on-bad-exit=1, as docs/clusters.md says to run. Without it the survivor's collective usually fails
+    at once, but once in six runs it waited for jax's heartbeat timeout (98 s)."""
     script = [sys.executable, str(SCRIPTS / "engine_fault.py"), fault, "1", others]
-    run = srun(slurm, script, devices=2, timeout=120)
+    options = ("--kill-on-bad-exit=1",) if fault == "kill" else ()
+    run = srun(slurm, script, devices=2, timeout=120, options=options)
     ready = run.prefixed("READY")
     assert [ready[0][0].split()[:2], ready[1][0].split()[:2]] == [["0", "slurm"], ["1", "slurm"]], run.output
     assert run.prefixed("LISTEN")[0] and all(map(is_loopback, run.prefixed("LISTEN")[0])), run.output[-3000:]
