@@ -25,6 +25,11 @@ def shown(value):
     return _SHOWN.repr(value)
 
 
+def missing_attributes(needed):
+    """ "where.name" for each name in `needed` ({where: (object, names)}) that its object lacks."""
+    return [f"{where}.{name}" for where, (obj, names) in needed.items() for name in names if not hasattr(obj, name)]
+
+
 def is_int(value):
     """True for Python and numpy integers, False for bools."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -10,6 +10,7 @@ import importlib.util
 
 import jax
 
+from kdist.checks import missing_attributes
 from kdist.errors import VersionError
 
 CHECKED = "0.10.2"
@@ -45,7 +46,7 @@ NEEDED = {
 
 def check_internals(needed=NEEDED):
     """Raise `VersionError` naming each private attribute in `needed` that this jax lacks."""
-    missing = [f"{where}.{name}" for where, (obj, names) in needed.items() for name in names if not hasattr(obj, name)]
+    missing = missing_attributes(needed)
     if missing:
         raise VersionError(
             f"jax {jax.__version__} lacks {', '.join(missing)}, which kdist uses; kdist was checked against "

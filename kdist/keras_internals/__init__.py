@@ -15,6 +15,7 @@ import sys
 import jax
 import keras
 
+from kdist.checks import missing_attributes
 from kdist.errors import VersionError
 
 CHECKED = "3.15.1"
@@ -56,7 +57,7 @@ NEEDED = {
 
 def check_internals(needed=NEEDED):
     """Raise `VersionError` naming each private attribute in `needed` that this Keras lacks."""
-    missing = [f"{where}.{name}" for where, (obj, names) in needed.items() for name in names if not hasattr(obj, name)]
+    missing = missing_attributes(needed)
     if missing:
         raise VersionError(
             f"keras {keras.__version__} lacks {', '.join(missing)}, which kdist uses; kdist was checked against "
