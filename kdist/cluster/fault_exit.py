@@ -10,8 +10,10 @@ in a collective: `mpirun` and `srun` see no failed task and the job hangs.
 - a wrapper around `sys.exit` and an `atexit` handler: a non-zero
   `sys.exit(code)` ends the process with `os._exit(code)` once Python's
   own clean-up (finally blocks, context managers) has run;
-- under an `srun` step, before exiting: `scancel` of the step (srun
-  ends a step when a task fails only with `--kill-on-bad-exit`).
+- under an `srun` step, on exiting: `scancel` of the step one second
+  later (srun ends a step when a task fails only with
+  `--kill-on-bad-exit`); the second lets slurmstepd forward this task's
+  last lines, which a cancelled step may otherwise drop.
 
 `kdist launch` has its own fault handling (`launch_child.py`), which runs first.
 """
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import traceback
 
+_OUTPUT_GRACE_S = 1  # seconds between this task's exit and the scancel of its step
 _state = {"installed": False, "exit_code": None, "label": "", "scancel": None}
 
 
@@ -71,7 +74,11 @@ def _end(code):
             pass
     if _state["scancel"]:
         try:
-            subprocess.Popen(_state["scancel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.Popen(
+                ["sh", "-c", f'sleep {_OUTPUT_GRACE_S}; exec "$@"', "scancel", *_state["scancel"]],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         except OSError:
             pass
     os._exit(code)

@@ -62,6 +62,7 @@ def test_a_failed_task_ends_the_srun_step_within_seconds(slurm, fault, others):
     assert [ready[0][0].split()[:2], ready[1][0].split()[:2]] == [["0", "slurm"], ["1", "slurm"]], run.output
     assert run.prefixed("LISTEN")[0] and all(map(is_loopback, run.prefixed("LISTEN")[0])), run.output[-3000:]
     assert ready[0][0].split()[2].startswith("127.0.0.1:")  # one node: the coordinator is on loopback
+    assert len(run.prefixed("FAULT")[1]) == 1, run.output[-3000:]
     (fault_time,) = run.prefixed("FAULT")[1]
     assert run.returncode != 0 and "DONE" not in run.text
     assert run.ended - float(fault_time) < 15, run.output[-3000:]  # srun alone: until the job's time limit
