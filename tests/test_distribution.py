@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kdist
+from kdist.distribution import BatchShardedOutputs, ShardedDistribution
 from kdist.models import mnist_mlp
 
 
@@ -146,3 +147,26 @@ def test_the_data_helpers_without_tensorflow_name_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # makes `import tensorflow` fail
     with pytest.raises(kdist.MissingDependencyError, match=r"pip install 'kdist\[data\]'"):
         kdist.make_dataset(np.zeros((8, 3)), global_batch_size=8, distribution=kdist.preset("dp"))
+
+
+def test_under_fsdp_a_layer_output_no_rule_lays_out_is_split_over_the_batch_axes():
+    dist = kdist.preset("fsdp=4,model=2")
+    layout = dist.get_tensor_layout("transformer/mlp_up/output")
+    assert isinstance(layout, BatchShardedOutputs) and layout.axes == (("fsdp",),)
+    assert dist.get_tensor_layout("transformer/mlp_up/kernel") is None  # only layer outputs
+    assert kdist.preset("2x4").get_tensor_layout("transformer/mlp_up/output") is None  # no fsdp: XLA's choice
+    ruled = kdist.preset("fsdp=4,model=2", rules=[("transformer/mlp_up/output", (None, None, "model"))])
+    assert ruled.get_tensor_layout("transformer/mlp_up/output").axes == (None, None, "model")  # a rule wins
+
+
+def test_batch_split_outputs_keep_xla_from_gathering_activations_over_fsdp(monkeypatch):
+    """Without them XLA meets `('fsdp', 'model')` MLP kernels by running the MLP on the whole batch (issue 21)."""
+
+    def temporaries():
+        plan = kdist.plan(kdist.models.tiny_transformer, 8, batch_size=64, verify=["fsdp=4,model=2"])
+        (candidate,) = [c for c in plan.candidates if c.compiled]
+        return candidate.compiled["temp"]
+
+    split = temporaries()
+    monkeypatch.setattr(ShardedDistribution, "get_tensor_layout", lambda self, path: None)
+    assert split < 0.5 * temporaries()

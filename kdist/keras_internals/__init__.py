@@ -362,6 +362,29 @@ def lay_out_batches_with(lay_out):
     jax_distribution_lib.distribute_data_input = distribute_data_input
 
 
+def constrain_outputs_with(layout_type, constrain):
+    """Let `constrain(outputs, layout)` lay out every layer output whose layout is a `layout_type`.
+
+    Replaces `backend.jax.distribution_lib.distribute_tensor`, which
+    `Layer.__call__` calls (through `keras.distribution.distribute_tensor`)
+    with the layout a distribution's `get_tensor_layout("<layer path>/output")`
+    returns; a layout of any other type goes to Keras's own, unchanged.
+    Keras's takes one sharding for the whole output, so it cannot leave the
+    dimensions after the batch to XLA for outputs of several ranks; this hook can.
+    """
+    original = _required(jax_distribution_lib, "distribute_tensor", "keras.src.backend.jax.distribution_lib")
+    if getattr(original, "_kdist_constrain", None) is not None:
+        return
+
+    def distribute_tensor(tensor, layout):
+        if isinstance(layout, layout_type):
+            return constrain(tensor, layout)
+        return original(tensor, layout)
+
+    distribute_tensor._kdist_constrain = constrain
+    jax_distribution_lib.distribute_tensor = distribute_tensor
+
+
 def gather_predictions_with(gather):
     """Pass every batch of `predict` / `predict_on_batch` outputs through `gather(outputs)` before Keras reads it.
 
