@@ -10,8 +10,15 @@ so the step is at least a few hundred MB per device.
 
 Run: JAX_PLATFORMS=cpu python benchmarks/planner_vs_deviceless_sharded.py
 Writes benchmarks/results/planner_vs_deviceless_sharded.json.
+
+    ... planner_vs_deviceless_sharded.py --devices 64 --models llama,gpt2 --batch 128
+
+plans and compiles the same backbones for 64 H100s with a batch of 128
+(2 examples per device on data=64), into
+planner_vs_deviceless_sharded_64.json.
 """
 
+import argparse
 import importlib
 import json
 import os
@@ -75,18 +82,28 @@ CONFIGS = [
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--devices", type=int, default=DEVICES)
+    parser.add_argument("--models", default="", help="comma-separated label prefixes (default: all)")
+    parser.add_argument("--batch", type=int, default=None, help="global batch (default: each config's)")
+    args = parser.parse_args()
+    devices = args.devices
+    configs = [c for c in CONFIGS if not args.models or c[0].split()[0] in args.models.split(",")]
+
     import kdist  # before keras_hub: selects the JAX backend
     from kdist.machine import machine_info
 
     keras_hub = importlib.import_module("keras_hub")
 
-    kdist.fake_devices(DEVICES)
+    kdist.fake_devices(devices)
     rows = []
-    for label, cls, config, batch, sequence in CONFIGS:
+    for label, cls, config, batch, sequence in configs:
+        batch = args.batch or batch
+        label = label.replace(label.split()[-2] if sequence else label.split()[-1], f"b{batch}")
         start = time.perf_counter()
         result = kdist.plan(
             lambda cls=cls, config=config: getattr(keras_hub.models, cls)(**config),
-            DEVICES,
+            devices,
             batch_size=batch,
             sequence_length=sequence,
             target="H100",
@@ -116,10 +133,11 @@ def main():
                 flush=True,
             )
         print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
-    out = Path(__file__).parent / "results" / "planner_vs_deviceless_sharded.json"
+    suffix = "" if devices == DEVICES else f"_{devices}"
+    out = Path(__file__).parent / "results" / f"planner_vs_deviceless_sharded{suffix}.json"
     out.write_text(
         json.dumps(
-            {"machine": machine_info(), "target": f"{DEVICES} H100s (deviceless XLA:GPU)", "rows": rows}, indent=1
+            {"machine": machine_info(), "target": f"{devices} H100s (deviceless XLA:GPU)", "rows": rows}, indent=1
         )
         + "\n"
     )

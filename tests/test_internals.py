@@ -21,3 +21,12 @@ def test_a_missing_internal_is_named_with_the_checked_version(module, library):
         module.check_internals(gone)
     message = str(caught.value)
     assert "somewhere.private.hook" in message and f"{library}=={module.CHECKED}" in message
+
+
+def test_keras_functions_are_wrapped_once_however_many_distributions_are_made():
+    """Two wrappers share `distribute_tensor`; each must see the other's mark, or every preset adds a layer."""
+    kdist.preset("fsdp")
+    wrapped = keras_internals.jax_distribution_lib.distribute_tensor
+    for spec in ("2x4", "fsdp=4,model=2", "dp"):
+        kdist.preset(spec)
+    assert keras_internals.jax_distribution_lib.distribute_tensor is wrapped

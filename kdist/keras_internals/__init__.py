@@ -9,6 +9,7 @@ this file holds the internals that only `kdist.load` reaches.
 """
 
 import contextlib
+import functools
 import re
 import sys
 
@@ -316,6 +317,7 @@ def commit_arrays_to(layout_type):
     if getattr(original, "_kdist_commit", None) is not None:
         return
 
+    @functools.wraps(original)  # keeps the marker of `constrain_outputs_with`'s wrapper, which wraps the same function
     def distribute_tensor(tensor, layout):
         if (
             isinstance(layout, layout_type)
@@ -376,6 +378,7 @@ def constrain_outputs_with(layout_type, constrain):
     if getattr(original, "_kdist_constrain", None) is not None:
         return
 
+    @functools.wraps(original)  # keeps the marker of `commit_arrays_to`'s wrapper, which wraps the same function
     def distribute_tensor(tensor, layout):
         if isinstance(layout, layout_type):
             return constrain(tensor, layout)

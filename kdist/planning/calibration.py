@@ -25,6 +25,7 @@ from kdist.planning.buffers import SWITCHES, Rules
 GPU_RESULTS = "benchmarks/results/planner_vs_gpu.json"  # one H100, measured peaks
 DEVICELESS_RESULTS = "benchmarks/results/planner_vs_deviceless_gpu.json"  # XLA:GPU compiled for H100s, no GPU
 SHARDED_RESULTS = "benchmarks/results/planner_vs_deviceless_sharded.json"  # the same on every mesh of 8 H100s
+SHARDED_64_RESULTS = "benchmarks/results/planner_vs_deviceless_sharded_64.json"  # Llama and GPT-2 on 64 H100s
 ISSUE_21 = (
     "issue 21: XLA:GPU compiled deviceless for 8 H100s with kdist's presets (rows reported in the issue, not stored "
     "in benchmarks/results)"
@@ -61,7 +62,7 @@ BANDS = (
         1.21,
         f"{GPU_RESULTS}: 8 transformers, 0.975-1.010; {DEVICELESS_RESULTS}: keras-hub Llama, GPT-2, ViT on 1 and 2 "
         f"(data) devices 0.984-1.013, kdist's tiny transformer 1.109 and 1.203; {SHARDED_RESULTS}: small Llama, "
-        "GPT-2, BERT, ViT on data=8 1.051-1.151",
+        f"GPT-2, BERT, ViT on data=8 1.051-1.151; {SHARDED_64_RESULTS}: Llama, GPT-2 on data=64 1.036-1.112",
     ),
     BandClass(
         "single",
@@ -77,7 +78,8 @@ BANDS = (
         0.95,
         1.22,
         f"{DEVICELESS_RESULTS}: Llama-0.5B fsdp=2 0.968, fsdp=4 0.953; {SHARDED_RESULTS}: small Llama, GPT-2, "
-        f"BERT, ViT on 3 fsdp meshes of 8 1.047-1.135; {ISSUE_21}: GPT-2 small fsdp=8 1.22",
+        f"BERT, ViT on 3 fsdp meshes of 8 1.047-1.135; {SHARDED_64_RESULTS}: Llama, GPT-2 on 6 fsdp meshes of 64 "
+        f"0.990-1.088; {ISSUE_21}: GPT-2 small fsdp=8 1.22",
     ),
     BandClass(
         "model",
@@ -85,8 +87,10 @@ BANDS = (
         0.43,
         2.23,
         f"{DEVICELESS_RESULTS}: Llama-0.5B with a model axis 1.007-1.031; {SHARDED_RESULTS}: small Llama, GPT-2, "
-        f"BERT, ViT on 6 model-axis meshes of 8 0.811-1.793 (fsdp=4,model=2 1.79); {ISSUE_21}: Gemma-2B fsdp x "
-        "model 1.49-2.22, Llama bf16 up to 1.28, ViT data=4,model=2 0.83 and model=8 0.43, GPT-2 0.81-1.22",
+        f"BERT, ViT on 6 model-axis meshes of 8 0.811-1.086; {SHARDED_64_RESULTS}: Llama, GPT-2 on 21 model-axis "
+        f"meshes of 64 0.596-1.140 (GPT-2 model=8 0.60-0.71); {ISSUE_21}, before layer outputs were laid out "
+        "batch-split under fsdp (not re-measured since): Gemma-2B fsdp x model 1.49-2.22, Llama bf16 up to 1.28, "
+        "ViT data=4,model=2 0.83 and model=8 0.43, GPT-2 0.81-1.22",
     ),
 )
 

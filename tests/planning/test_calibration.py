@@ -7,7 +7,15 @@ import pytest
 
 import kdist
 from kdist.models import mnist_mlp, tiny_transformer
-from kdist.planning.calibration import BANDS, DEVICELESS_RESULTS, GPU_RESULTS, SHARDED_RESULTS, band_class, mesh_kind
+from kdist.planning.calibration import (
+    BANDS,
+    DEVICELESS_RESULTS,
+    GPU_RESULTS,
+    SHARDED_64_RESULTS,
+    SHARDED_RESULTS,
+    band_class,
+    mesh_kind,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +30,7 @@ def _stored_rows():
     for r in json.loads((ROOT / GPU_RESULTS).read_text())["rows"]:
         family = "cnn" if "resnet" in r["config"] else "transformer"
         rows.append(("single", family, r["truth"] / r["estimate"]))
-    for path in (DEVICELESS_RESULTS, SHARDED_RESULTS):
+    for path in (DEVICELESS_RESULTS, SHARDED_RESULTS, SHARDED_64_RESULTS):
         for r in json.loads((ROOT / path).read_text())["rows"]:
             family = "cnn" if "resnet" in r["config"] else "transformer"
             rows.append((mesh_kind(_axes(r["mesh"])), family, r["xla_gpu_deviceless"] / r["estimate"]))
@@ -31,7 +39,7 @@ def _stored_rows():
 
 def test_every_stored_row_falls_in_the_band_of_its_class():
     rows = _stored_rows()
-    assert len(rows) == 9 + 14 + 40
+    assert len(rows) == 9 + 14 + 40 + 56
     for kind, family, ratio in rows:
         band, why = band_class(_axes("data=1") if kind == "single" else {kind: 2}, family)
         assert not why and band.low <= ratio <= band.high, (kind, family, ratio)
