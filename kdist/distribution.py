@@ -1,5 +1,6 @@
 """The Keras distribution behind every kdist preset: the placement engine's axes as Keras `TensorLayout`s."""
 
+import dataclasses
 import math
 
 import jax
@@ -252,7 +253,7 @@ class ShardedDistribution(ModelParallel):
         if axes is not None:
             return MultiAxisLayout(axes, self.device_mesh)
         if self.dims.fsdp_enabled and path.endswith("/output"):
-            return BatchShardedOutputs([self.dims.batch_axes], self.device_mesh)
+            return BatchShardedOutputs((tuple(self.dims.batch_axes),), self.device_mesh)
         return None
 
     def place(self, path, shape):
@@ -278,8 +279,16 @@ class MultiAxisLayout(TensorLayout):
                 raise ValueError(f"Layout axes {sorted(unknown)} are not in mesh axes {self._device_mesh.axis_names}.")
 
 
-class BatchShardedOutputs(MultiAxisLayout):
-    """A layer output's layout: its first dimension split over the batch axes (`axes[0]`), every other left to XLA."""
+@dataclasses.dataclass(frozen=True)
+class BatchShardedOutputs:
+    """A layer output's layout: its first dimension split over the batch axes (`axes[0]`), every other left to XLA.
+
+    Not a `TensorLayout`: one of those fixes every dimension of one rank, and
+    Keras would put an eager output on it; this one only guides XLA under jit.
+    """
+
+    axes: tuple
+    device_mesh: DeviceMesh
 
 
 def _constrain_outputs(outputs, layout):

@@ -170,3 +170,12 @@ def test_batch_split_outputs_keep_xla_from_gathering_activations_over_fsdp(monke
     split = temporaries()
     monkeypatch.setattr(ShardedDistribution, "get_tensor_layout", lambda self, path: None)
     assert split < 0.5 * temporaries()
+
+
+def test_an_eager_call_under_fsdp_takes_a_batch_the_shards_do_not_divide():
+    """The batch split of layer outputs guides XLA under jit only: an eager call keeps its output as it is."""
+    dist, model = _compiled_like_one_device("fsdp")
+    _, reference = _compiled_like_one_device(None)
+    with dist.scope():
+        out = model(X[:2])
+    np.testing.assert_allclose(np.asarray(out), np.asarray(reference(X[:2])), rtol=1e-5, atol=1e-6)
