@@ -268,7 +268,8 @@ class ShardedDistribution(ModelParallel):
 class MultiAxisLayout(TensorLayout):
     """A TensorLayout whose dimensions may be split over several mesh axes (a tuple of names).
 
-    Every layout kdist gives; arrays laid out on it are committed to it (`keras_internals.commit_arrays_to`).
+    Every layout kdist gives a variable, a batch or a rule's activation; arrays laid out on it are committed to it
+    (`keras_internals.commit_arrays_to`).
     """
 
     def _validate_axes(self):
