@@ -56,9 +56,10 @@ QUIET = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}  # TensorFlo
 # Gloo (the CPU collectives) prints to stdout, for every device, every time a communicator forms:
 # "[Gloo] Rank 3 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7", from several
 # threads at once, so pieces of such lines interleave ("[Gloo] Rank [Gloo] Rank 6 is connected ..." then
-# "7 is connected to ..."). A line made only of those pieces (not only of numbers) is one of them.
+# "7 is connected to ..."). A line made only of those pieces (not only of numbers) is one of them. Gloo writes
+# " peer ranks. " and "Expected number ..." as two pieces, so another line can come between them too.
 GLOO_PIECES = re.compile(
-    r"(?:\[Gloo\] Rank |\d+| is connected to | peer ranks\. Expected number of connected peer ranks is : )+"
+    r"(?:\[Gloo\] Rank |\d+| is connected to | peer ranks\. ?|Expected number of connected peer ranks is : )+"
 )
 SHOW_GLOO = "KDIST_SHOW_GLOO"  # set to 1 (in the launcher's environment) to relay those lines anyway
 with open(launch_child.__file__, encoding="utf-8") as _source:
