@@ -25,42 +25,11 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 
+from planner_vs_deviceless_sharded import CONFIGS  # noqa: E402
+
 MESHES = ["data=2,fsdp=2,model=2", "fsdp=4,model=2", "fsdp=2,model=4"]
-MODELS = {
-    "llama": (
-        "LlamaBackbone",
-        dict(
-            vocabulary_size=8192,
-            num_layers=4,
-            num_query_heads=8,
-            num_key_value_heads=2,
-            hidden_dim=512,
-            intermediate_dim=1536,
-        ),
-    ),
-    "gpt2": (
-        "GPT2Backbone",
-        dict(
-            vocabulary_size=8192,
-            num_layers=4,
-            num_heads=8,
-            hidden_dim=512,
-            intermediate_dim=2048,
-            max_sequence_length=512,
-        ),
-    ),
-    "bert": (
-        "BertBackbone",
-        dict(
-            vocabulary_size=8192,
-            num_layers=4,
-            num_heads=8,
-            hidden_dim=512,
-            intermediate_dim=2048,
-            max_sequence_length=512,
-        ),
-    ),
-}
+# The Llama, GPT-2 and BERT of planner_vs_deviceless_sharded.py (this folder is the script's sys.path[0]).
+MODELS = {label.split()[0]: (cls, config) for label, cls, config, _, _ in CONFIGS if not label.startswith("vit")}
 
 
 def joint_fsdp(original):
