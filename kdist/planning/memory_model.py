@@ -111,7 +111,7 @@ def memory_terms(facts, rows, axes, batch_size):
         live["unreduced"], phase = 0, None
     else:
         factor = buffer_factors(facts, rows, axes, local_batch)
-        curves = traced.step.sweep(factor)
+        curves = traced.step.sweep(factor, reduction_order_lasts(traced.step, factor, axes))
         t = int(sum(curves.values()).argmax())
         live = {term: int(curves[term][t]) for term in TERMS}
         phase = traced.step.phase(t)
@@ -122,6 +122,36 @@ def memory_terms(facts, rows, axes, batch_size):
     terms["transient"] = live["gradients"] + live["loss"] + terms["backward"] + live["gathered"]
     terms["phase"] = phase
     return terms
+
+
+# XLA:GPU's kDefaultAllReduceCombineThreshold (and reduce-scatter's): gradient reductions are combined
+# into groups of up to this many bytes (docs/plan.md, "Communication per step").
+COMBINE_BYTES = 30 * 2**20
+
+
+def reduction_order_lasts(step, factor, axes):
+    """Each buffer's last read when the mesh reduces gradients over batch axes, or None when it does not.
+
+    XLA:GPU combines the gradients' reductions into groups of up to
+    `COMBINE_BYTES` and schedules a weight-gradient kernel as late as the
+    reduction of its group: its operands (the layer's input and output
+    cotangent) stay alive until the last gradient kernel of the group, in the
+    order the backward makes the gradients.
+    """
+    if axes.get("data", 1) * axes.get("fsdp", 1) == 1:
+        return None
+    _, last, _, _ = step.lifetimes()
+    last, sizes = last.copy(), np.asarray(step.size, dtype=np.float64) * factor
+    kernels = step.gradient_kernels()
+    group, group_bytes = [], 0.0
+    for i, (t, grads, reads) in enumerate(kernels):
+        group.append(reads)
+        group_bytes += float(sizes[grads].sum())
+        if group_bytes >= COMBINE_BYTES or i == len(kernels) - 1:
+            for reads_of_kernel in group:
+                last[reads_of_kernel] = np.maximum(last[reads_of_kernel], t)
+            group, group_bytes = [], 0.0
+    return last
 
 
 def buffer_factors(facts, rows, axes, local_batch):

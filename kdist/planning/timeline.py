@@ -32,7 +32,7 @@ class Step:
         self.forced = set()  # tensors that must be buffers (summed cotangents)
         self.virtual = {}  # tensor fused into its readers -> the buffers it is computed from
         self.bwd_start = None
-        self._life = None
+        self._life = self._gradient_kernels = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
         # shapes of the operation it runs; per variable: the events using it and its final gradient buffer.
         self.event_flops, self.event_dtype, self.event_shapes = [], [], []
@@ -155,7 +155,7 @@ class Step:
                     self.final_grads.append((self.weight_of[item[1]], item[1], len(self.events) - 1))
         self._add_gathers(remat, gather_itemsize)
         self._add_unreduced()
-        self._life = None
+        self._life = self._gradient_kernels = None
 
     def _event_info(self, flops=0, dtype="float32", shapes=()):
         self.event_flops.append(flops)
@@ -233,9 +233,26 @@ class Step:
         self._life = (born, last, external, np.array(reused, dtype=int))
         return self._life
 
-    def sweep(self, factor):
-        """Live bytes after each event, per term ({term: array}), with each buffer's size times `factor`."""
-        born, last, external, reused = self.lifetimes()
+    def gradient_kernels(self):
+        """(event, gradient buffers it makes, buffers it reads) of each backward kernel making weight gradients."""
+        if self._gradient_kernels is None:
+            self._gradient_kernels = []
+            for t, (made, used, _) in enumerate(self.events[self.bwd_start or 0 :], start=self.bwd_start or 0):
+                grads = [g for g in made if self.term[g] == "gradients" and g in self.weight_of]
+                if grads:
+                    read = [u for u in used if self.term[u] != "external"]
+                    self._gradient_kernels.append((t, np.array(grads, dtype=int), np.array(read, dtype=int)))
+        return self._gradient_kernels
+
+    def sweep(self, factor, last=None):
+        """Live bytes after each event, per term ({term: array}), with each buffer's size times `factor`.
+
+        `last`: each buffer's last read where a candidate's schedule moves kernels (default: the trace order's).
+        """
+        born, traced_last, external, reused = self.lifetimes()
+        last = traced_last if last is None else last
+        if len(reused):  # a buffer read later than its overwriting kernel is not overwritten
+            reused = reused[last[reused] == traced_last[reused]]
         n_events = len(self.events)
         sizes = np.asarray(self.size, dtype=np.float64) * factor
         terms = np.array(self.term)

@@ -7,6 +7,7 @@ import kdist
 from kdist import PlanError
 from kdist.errors import ArgumentError
 from kdist.models import tiny_transformer
+from kdist.planning import memory_model
 from kdist.planning.targets import DEFAULT_MARGIN, resolve_target
 
 LLAMA = dict(
@@ -92,6 +93,24 @@ def test_fsdp_keeps_gathered_weights_and_data_parallel_does_not():
     fsdp = p.candidate("fsdp=8")
     assert fsdp.gathered > fsdp.weights  # whole weights gathered over fsdp, beyond the shards
     assert fsdp.optimizer < p.candidate("data=8").optimizer / 4
+
+
+def _step_buffers(candidate):
+    return candidate.peak - candidate.weights - candidate.optimizer - candidate.other
+
+
+def test_reduced_gradients_keep_their_kernels_operands_until_their_group_is_reduced(llama, monkeypatch):
+    """Over a batch axis XLA runs a weight-gradient kernel as late as its combined reduction (docs/plan.md)."""
+    one = _one(llama, 4, 128)
+    data = lambda: kdist.plan(llama, 2, batch_size=8, sequence_length=128).candidate("data=2")  # noqa: E731
+    model = lambda: kdist.plan(llama, 2, batch_size=4, sequence_length=128).candidate("model=2")  # noqa: E731
+    combined, unchanged = data(), model()
+    monkeypatch.setattr(memory_model, "COMBINE_BYTES", 0)  # each gradient reduced as soon as it is made
+    assert _step_buffers(data()) == _step_buffers(one)  # the same per-device batch, the trace order's lifetimes
+    assert _step_buffers(combined) > _step_buffers(one)
+    assert model().peak == unchanged.peak  # no gradient is reduced over the model axis
+    monkeypatch.setattr(memory_model, "COMBINE_BYTES", 2**60)  # one reduction of every gradient, at the end
+    assert _step_buffers(data()) >= _step_buffers(combined)
 
 
 def test_targets_and_their_memory():
