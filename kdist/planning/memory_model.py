@@ -133,10 +133,11 @@ def reduction_order_lasts(step, factor, axes):
     """Each buffer's last read when the mesh reduces gradients over batch axes, or None when it does not.
 
     XLA:GPU combines the gradients' reductions into groups of up to
-    `COMBINE_BYTES` and schedules a weight-gradient kernel as late as the
-    reduction of its group: its operands (the layer's input and output
-    cotangent) stay alive until the last gradient kernel of the group, in the
-    order the backward makes the gradients.
+    `COMBINE_BYTES`, and its scheduler runs a weight-gradient kernel near the
+    reduction that reads it rather than where the trace makes it. Modelled:
+    the kernels are grouped in the order the backward makes their gradients,
+    and the operands of each (the layer's input and output cotangent) stay
+    alive until the group's last kernel (docs/plan.md).
     """
     if axes.get("data", 1) * axes.get("fsdp", 1) == 1:
         return None
