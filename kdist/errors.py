@@ -6,6 +6,15 @@ usual cause and the fix. Errors about a bad value are `ValueError`s, about a
 value of the wrong kind `TypeError`s, so `except ValueError` keeps working.
 """
 
+import re
+
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def cause(error):
+    """`error` as "Type: message" for a kdist message, without the terminal colour codes Keras puts in its own."""
+    return f"{type(error).__name__}: {_TERMINAL_CODES.sub('', str(error))}"
+
 
 class KdistError(Exception):
     """Base class of every kdist error."""

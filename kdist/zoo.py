@@ -16,7 +16,7 @@ import sys
 
 from kdist.abstract import abstract_model
 from kdist.checks import shown
-from kdist.errors import ArgumentError, MissingDependencyError, ModelError
+from kdist.errors import ArgumentError, MissingDependencyError, ModelError, cause
 from kdist.models import mnist_mlp, small_cnn, tiny_transformer
 from kdist.rules.hub import BACKBONES
 
@@ -364,7 +364,7 @@ def hub_preset(preset):
     try:
         return hub.models.Backbone.from_preset(preset, load_weights=False)
     except Exception as e:  # keras-hub raises many kinds: unknown preset, no network, a bad config
-        raise ModelError(f"Cannot build the keras-hub preset {preset!r}: {type(e).__name__}: {e}") from None
+        raise ModelError(f"Cannot build the keras-hub preset {preset!r}: {cause(e)}") from None
 
 
 def _function(name):

@@ -6,9 +6,9 @@ import jax
 import keras
 
 from kdist.checks import shown
-from kdist.errors import ArgumentError, KdistError, ModelError, PlanError
+from kdist.errors import ArgumentError, KdistError, ModelError, PlanError, cause
 from kdist.inspection.inspector import planned_optimizer
-from kdist.keras_internals import array_of, deferred, input_struct, output_struct, plan_optimizer, set_path
+from kdist.keras_internals import array_of, deferred, input_struct, layers, output_struct, plan_optimizer, set_path
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.step import compute_dtype, trace_step
 from kdist.planning.trace import TRACE_BATCH
@@ -69,6 +69,8 @@ class ModelFacts:
             optimizer, [v for v in self.variables if getattr(v, "trainable", True)]
         )
         self.inputs = _input_shapes(self.model, sequence_length) if self.is_model else None
+        if self.inputs is not None and sequence_length is not None:
+            _check_position_tables(self.model, sequence_length)
         if self.inputs is not None and sequence_length is None:
             self.sequence_length = _fixed_sequence_length(self.inputs)
         self.tokens_per_example = self.sequence_length or 1
@@ -176,7 +178,7 @@ class ModelFacts:
                 raise
             except Exception as e:  # a graph the step model does not handle: say so, never a raw traceback
                 raise PlanError(
-                    f"The planner could not model the training step of {self.name!r}: {type(e).__name__}: {e}. Plan "
+                    f"The planner could not model the training step of {self.name!r}: {cause(e)}. Plan "
                     f"its variables instead (kdist.plan(model.weights, ...): weights and optimizer state, no "
                     "activations), or report the model."
                 ) from e
@@ -249,6 +251,18 @@ def _input_shapes(model, sequence_length):
         return jax.ShapeDtypeStruct(tuple(dims), t.dtype)
 
     return keras.tree.map_structure(struct, inputs)
+
+
+def _check_position_tables(model, sequence_length):
+    """Refuse a sequence longer than a learned position table of the model holds (the step could not run)."""
+    for layer in layers(model):
+        length = getattr(layer, "sequence_length", None)
+        if "Position" in type(layer).__name__ and isinstance(length, int) and length < sequence_length:
+            raise ArgumentError(
+                f"sequence_length={sequence_length} is longer than layer {layer.name!r} ({type(layer).__name__}) "
+                f"of model {model.name!r} takes: it holds positions for {length} tokens. Pass sequence_length <= "
+                f"{length}, or build the model with longer position tables."
+            )
 
 
 def _label_shapes(model, sequence_length):

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 
 from kdist.meshes.layout import shard_bytes, split_by
+from kdist.planning import comm
 from kdist.planning.timeline import TERMS
 from kdist.planning.trace import TRACE_BATCH
 from kdist.units import is_float, itemsize
@@ -124,16 +125,11 @@ def memory_terms(facts, rows, axes, batch_size):
     return terms
 
 
-# XLA:GPU's kDefaultAllReduceCombineThreshold (and reduce-scatter's): gradient reductions are combined
-# into groups of up to this many bytes (docs/plan.md, "Communication per step").
-COMBINE_BYTES = 30 * 2**20
-
-
 def reduction_order_lasts(step, factor, axes):
     """Each buffer's last read when the mesh reduces gradients over batch axes, or None when it does not.
 
     XLA:GPU combines the gradients' reductions into groups of up to
-    `COMBINE_BYTES`, and its scheduler runs a weight-gradient kernel near the
+    `comm.COMBINE_THRESHOLD`, and its scheduler runs a weight-gradient kernel near the
     reduction that reads it rather than where the trace makes it. Modelled:
     the kernels are grouped in the order the backward makes their gradients,
     and the operands of each (the layer's input and output cotangent) stay
@@ -148,7 +144,7 @@ def reduction_order_lasts(step, factor, axes):
     for i, (t, grads, reads) in enumerate(kernels):
         group.append(reads)
         group_bytes += float(sizes[grads].sum())
-        if group_bytes >= COMBINE_BYTES or i == len(kernels) - 1:
+        if group_bytes >= comm.COMBINE_THRESHOLD or i == len(kernels) - 1:
             for reads_of_kernel in group:
                 last[reads_of_kernel] = np.maximum(last[reads_of_kernel], t)
             group, group_bytes = [], 0.0

@@ -16,7 +16,7 @@ import time
 import jax
 import keras
 
-from kdist.errors import KdistError, PlanError
+from kdist.errors import KdistError, PlanError, cause
 from kdist.keras_internals import KerasTensor, deferred, input_struct, nodes_by_depth, output_struct
 from kdist.planning.attention import default_attention, forced_attention
 from kdist.planning.buffers import Rules, analyse
@@ -180,7 +180,7 @@ class _Walk:
         except Exception as e:  # any failure of a layer's own code under tracing: name the layer
             raise PlanError(
                 f"The planner could not trace layer {op.name!r} ({type(op).__name__}) of the training step: "
-                f"{type(e).__name__}: {e}. Plan the model's variables instead (kdist.plan(model.weights, ...): "
+                f"{cause(e)}. Plan the model's variables instead (kdist.plan(model.weights, ...): "
                 "weights and optimizer state, no activations), or report the layer."
             ) from e
         inputs = {lid: self.weight_id(v) for lid, v in zip(p.w, trainable)}

@@ -1,6 +1,7 @@
 """The plan's band: the spread of truth / estimate on configs like each mesh, from the stored benchmark results."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,17 @@ def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward():
     band = next(b for b in BANDS if (b.mesh, b.family) == ("single", "transformer"))
     assert band.low == pytest.approx(int(min(ratios) * 100) / 100)
     assert band.high == pytest.approx(-(-max(ratios) * 100 // 1) / 100)
+
+
+def test_the_band_table_of_docs_plan_md_is_bands():
+    """Each class's row in docs/plan.md gives its band and every figure BANDS cites for it."""
+    lines = (ROOT / "docs/plan.md").read_text().splitlines()
+    rows = {line.split("|")[1].strip().lower(): line for line in lines if line.startswith("| ")}
+    for band in BANDS:
+        row = rows[band.name].replace("–", "-")
+        assert f"| {band.low:.2f}-{band.high:.2f} |" in row, band.name
+        for figure in re.findall(r"\d\.\d{2,3}", band.rows):
+            assert figure in row, (band.name, figure)
 
 
 def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():

@@ -52,6 +52,23 @@ CASES = [
 ]
 
 
+def test_a_sequence_longer_than_a_learned_position_table_is_refused():
+    keras_hub = pytest.importorskip("keras_hub")
+    model = kdist.abstract_model(
+        lambda: keras_hub.models.GPT2Backbone(
+            vocabulary_size=64, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=32
+        )
+    )
+    raises_clearly(
+        lambda: kdist.plan(model, 2, batch_size=8, sequence_length=64),
+        ArgumentError,
+        "sequence_length=64 is longer than layer 'position_embedding' (PositionEmbedding)",
+        "holds positions for 32 tokens",
+        "sequence_length <= 32",
+    )
+    assert kdist.plan(model, 2, batch_size=8, sequence_length=32).candidates
+
+
 @pytest.mark.parametrize("case", CASES, ids=[f"{i}" for i in range(len(CASES))])
 def test_bad_input_is_refused_clearly(case):
     call, error, *words = case

@@ -7,7 +7,7 @@ import kdist
 from kdist import PlanError
 from kdist.errors import ArgumentError
 from kdist.models import tiny_transformer
-from kdist.planning import memory_model
+from kdist.planning import comm
 from kdist.planning.targets import DEFAULT_MARGIN, resolve_target
 
 LLAMA = dict(
@@ -105,11 +105,11 @@ def test_reduced_gradients_keep_their_kernels_operands_until_their_group_is_redu
     data = lambda: kdist.plan(llama, 2, batch_size=8, sequence_length=128).candidate("data=2")  # noqa: E731
     model = lambda: kdist.plan(llama, 2, batch_size=4, sequence_length=128).candidate("model=2")  # noqa: E731
     combined, unchanged = data(), model()
-    monkeypatch.setattr(memory_model, "COMBINE_BYTES", 0)  # each gradient reduced as soon as it is made
+    monkeypatch.setattr(comm, "COMBINE_THRESHOLD", 1)  # each gradient reduced as soon as it is made
     assert _step_buffers(data()) == _step_buffers(one)  # the same per-device batch, the trace order's lifetimes
     assert _step_buffers(combined) > _step_buffers(one)
     assert model().peak == unchanged.peak  # no gradient is reduced over the model axis
-    monkeypatch.setattr(memory_model, "COMBINE_BYTES", 2**60)  # one reduction of every gradient, at the end
+    monkeypatch.setattr(comm, "COMBINE_THRESHOLD", 2**60)  # one reduction of every gradient, at the end
     assert _step_buffers(data()) >= _step_buffers(combined)
 
 
