@@ -4,7 +4,9 @@
 
 Every task calls `kdist.initialize()`, prints `READY rank engine coordinator`
 (task 0 also `LISTEN address` for each socket listening on the coordinator's
-port, hex as in /proc/net/tcp) and meets the others in a barrier. Then task RANK prints `FAULT time` and
+port, hex as in /proc/net/tcp) and meets the others in a barrier. Then task RANK prints `FAULT time` (and
+writes the time to the file named by FAULT_TIME_FILE, when set: an engine may
+drop a task's forwarded lines) and
 
 - `raise`: raises RuntimeError;
 - `exit`: calls sys.exit(3);
@@ -34,7 +36,11 @@ if config.process_id == 0:
         print(f"LISTEN {address}", flush=True)
 multihost_utils.sync_global_devices("ready")
 if config.process_id == fault_rank:
-    print(f"FAULT {time.time()!r}", flush=True)
+    fault_time = time.time()
+    print(f"FAULT {fault_time!r}", flush=True)
+    if os.environ.get("FAULT_TIME_FILE"):
+        with open(os.environ["FAULT_TIME_FILE"], "w") as f:
+            f.write(repr(fault_time))
     if fault == "raise":
         raise RuntimeError(f"boom in process {config.process_id}")
     if fault == "kill":
