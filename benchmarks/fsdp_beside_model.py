@@ -29,7 +29,11 @@ from planner_vs_deviceless_sharded import CONFIGS  # noqa: E402
 
 MESHES = ["data=2,fsdp=2,model=2", "fsdp=4,model=2", "fsdp=2,model=4"]
 # The Llama, GPT-2 and BERT of planner_vs_deviceless_sharded.py (this folder is the script's sys.path[0]).
-MODELS = {label.split()[0]: (cls, config) for label, cls, config, _, _ in CONFIGS if not label.startswith("vit")}
+MODELS = {
+    label.split()[0]: (cls, config)
+    for label, cls, config, _, _ in CONFIGS
+    if label.split()[0] in ("llama", "gpt2", "bert")
+}
 
 
 def joint_fsdp(original):

@@ -35,6 +35,9 @@ REDUCTIONS = frozenset(
     reduce_window_max reduce_window_min reduce_window cumsum cumlogsumexp cummax cummin cumprod""".split()
 )
 ALIASES = frozenset("reshape squeeze expand_dims transpose".split())  # bitcasts after layout assignment
+# Kernels XLA runs in place over their first operand when it is read for the last time (HloDataflowAnalysis's
+# CanShareOperandBufferWithUser): an embedding's gradient is scattered into its zeros, not into a second table.
+IN_PLACE_KERNELS = frozenset("scatter scatter-add scatter-sub scatter-mul scatter-min scatter-max".split())
 # Everything else (dot_general, conv, custom calls, scatter, sort, loops, collectives) is a kernel of its own.
 
 
@@ -94,7 +97,7 @@ def analyse(p, rules):
 
     Sets on `p`: `mat` (per id: a buffer), `roots` (the buffers a value is
     computed from), `kernels` [(eqn index, buffers made, layer outputs made
-    if kept, buffers read, elementwise)], `out_info` (per output / input
+    if kept, buffers read, may overwrite an operand: elementwise or a scatter)], `out_info` (per output / input
     cotangent: "buffer", "alias" of one buffer or of a "cond" value, or "cond":
     decided on the whole graph, since XLA fuses across layer boundaries), `in_needs_buffer` and
     `in_readers` (per input), `weight_copy` (buffers that are copies of one
@@ -136,7 +139,8 @@ def analyse(p, rules):
         made, maybe = [o for o in outs if mat[o]], [o for o in outs if o in cond]
         if made or maybe or kinds[i] == "kernel":
             used = tuple(sorted({r for x in ins for r in roots[x]}))
-            kernels.append((i, made, maybe, used, kinds[i] in ("elementwise", "alias")))
+            in_place = kinds[i] in ("elementwise", "alias") or f.eqns[i][0] in IN_PLACE_KERNELS
+            kernels.append((i, made, maybe, used, in_place))
     p.in_needs_buffer, p.in_readers = {}, {}
     for x in external:
         readers = readers_of(x)

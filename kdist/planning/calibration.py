@@ -62,7 +62,8 @@ BANDS = (
         1.21,
         f"{GPU_RESULTS}: 8 transformers, 0.975-1.010; {DEVICELESS_RESULTS}: keras-hub Llama, GPT-2, ViT on 1 and 2 "
         f"(data) devices 0.984-1.013, kdist's tiny transformer 1.109 and 1.203; {SHARDED_RESULTS}: small Llama, "
-        f"GPT-2, BERT, ViT on data=8 1.020-1.079; {SHARDED_64_RESULTS}: Llama, GPT-2 on data=64 1.008-1.049",
+        f"GPT-2, BERT, ViT on data=8 1.020-1.079, Gemma-2B's widths (2 layers) 1.014; {SHARDED_64_RESULTS}: Llama, "
+        "GPT-2 on data=64 1.008-1.049",
     ),
     BandClass(
         "single",
@@ -75,10 +76,11 @@ BANDS = (
     BandClass(
         "fsdp",
         "transformer",
-        0.95,
+        0.66,
         1.22,
         f"{DEVICELESS_RESULTS}: Llama-0.5B fsdp=2 0.963, fsdp=4 0.950; {SHARDED_RESULTS}: small Llama, GPT-2, "
-        f"BERT, ViT on 3 fsdp meshes of 8 1.030-1.090; {SHARDED_64_RESULTS}: Llama, GPT-2 on 6 fsdp meshes of 64 "
+        f"BERT, ViT on 3 fsdp meshes of 8 1.030-1.090, Gemma-2B's widths (2 layers, vocabulary 256000) 0.667-0.796; "
+        f"{SHARDED_64_RESULTS}: Llama, GPT-2 on 6 fsdp meshes of 64 "
         f"0.977-1.056; {ISSUE_21}: GPT-2 small fsdp=8 1.22",
     ),
     BandClass(
@@ -87,7 +89,8 @@ BANDS = (
         0.43,
         2.23,
         f"{DEVICELESS_RESULTS}: Llama-0.5B with a model axis 1.003-1.031; {SHARDED_RESULTS}: small Llama, GPT-2, "
-        f"BERT, ViT on 6 model-axis meshes of 8 0.759-1.064; {SHARDED_64_RESULTS}: Llama, GPT-2 on 21 model-axis "
+        f"BERT, ViT on 6 model-axis meshes of 8 0.759-1.064, Gemma-2B's widths (2 layers) 0.791-1.223; "
+        f"{SHARDED_64_RESULTS}: Llama, GPT-2 on 21 model-axis "
         f"meshes of 64 0.491-1.110 (GPT-2 model=8 0.49-0.59); {ISSUE_21}, before layer outputs were laid out "
         "batch-split under fsdp (not re-measured since): Gemma-2B fsdp x model 1.49-2.22, Llama bf16 up to 1.28, "
         "ViT data=4,model=2 0.83 and model=8 0.43, GPT-2 0.81-1.22",

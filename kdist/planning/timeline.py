@@ -209,7 +209,7 @@ class Step:
     def lifetimes(self):
         """(born, last read, external, reused) per buffer: computed once, every candidate's sweep reuses them.
 
-        `reused`: buffers an elementwise kernel overwrites in place, reading them for the last time.
+        `reused`: buffers an elementwise or scatter kernel overwrites in place, reading them for the last time.
         """
         if self._life is not None:
             return self._life

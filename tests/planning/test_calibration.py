@@ -40,7 +40,7 @@ def _stored_rows():
 
 def test_every_stored_row_falls_in_the_band_of_its_class():
     rows = _stored_rows()
-    assert len(rows) == 9 + 14 + 40 + 56
+    assert len(rows) == 9 + 14 + 50 + 56
     for kind, family, ratio in rows:
         band, why = band_class(_axes("data=1") if kind == "single" else {kind: 2}, family)
         assert not why and band.low <= ratio <= band.high, (kind, family, ratio)

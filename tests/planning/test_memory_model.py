@@ -99,6 +99,20 @@ def _step_buffers(candidate):
     return candidate.peak - candidate.weights - candidate.optimizer - candidate.other
 
 
+def test_an_embedding_gradient_is_scattered_in_place_into_its_zeros():
+    """Beside the state, the step holds the table's gradient once, not its zeros and the scattered result apart."""
+    vocabulary, width = 200_000, 64
+
+    def build():
+        tokens = keras.Input((8,), dtype="int32")
+        pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(vocabulary, width)(tokens))
+        return keras.Model(tokens, keras.layers.Dense(4)(pooled))
+
+    candidate = kdist.plan(kdist.abstract_model(build), 1, batch_size=8).candidates[0]
+    table = vocabulary * width * 4
+    assert table <= _step_buffers(candidate) < 1.5 * table
+
+
 def test_reduced_gradients_keep_their_kernels_operands_until_their_group_is_reduced(llama, monkeypatch):
     """Over a batch axis XLA runs a weight-gradient kernel as late as its combined reduction (docs/plan.md)."""
     one = _one(llama, 4, 128)
