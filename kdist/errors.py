@@ -11,9 +11,15 @@ import re
 _TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def cause(error):
-    """`error` as "Type: message" for a kdist message, without the terminal colour codes Keras puts in its own."""
-    return f"{type(error).__name__}: {_TERMINAL_CODES.sub('', str(error))}"
+def cause(error, lines=None, limit=None):
+    """`error` as "Type: message" for a kdist message, without the terminal colour codes Keras puts in its own.
+
+    `lines`: only the message's first `lines` non-blank lines, joined by spaces; `limit`: at most `limit` characters.
+    """
+    message = _TERMINAL_CODES.sub("", str(error))
+    if lines is not None:
+        message = " ".join([line.strip() for line in message.splitlines() if line.strip()][:lines])
+    return f"{type(error).__name__}: {message[:limit]}"
 
 
 class KdistError(Exception):

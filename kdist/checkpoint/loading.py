@@ -28,7 +28,7 @@ from kdist.checkpoint.reading import (
 from kdist.checkpoint.restore import check_keras_file
 from kdist.checkpoint.sharded import build_optimizer, check_path
 from kdist.checkpoint.streaming import H5Weight, Staging, target_of
-from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, MissingDependencyError, ModelError
+from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, MissingDependencyError, ModelError, cause
 from kdist.keras_internals import deferred
 from kdist.keras_internals.loading import (
     deferred_values_too,
@@ -320,8 +320,7 @@ def _check_model(model):
 
 def _keras_message(error):
     """The first few lines of a Keras error (its first line alone is often 'A total of N objects ...:')."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {' '.join(lines[:3])[:600]}"
+    return cause(error, lines=3, limit=600)
 
 
 def _keras_hub():

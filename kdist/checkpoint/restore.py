@@ -11,7 +11,7 @@ import contextlib
 import os
 import zipfile
 
-from kdist.errors import CheckpointError
+from kdist.errors import CheckpointError, cause
 from kdist.keras_internals import array_of
 
 
@@ -89,5 +89,4 @@ def first_line(error):
     while (inner := error.__cause__ or error.__context__) is not None and id(inner) not in seen:
         seen.add(id(inner))
         error = inner
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:500] if text else ''}"
+    return cause(error, lines=1, limit=500)

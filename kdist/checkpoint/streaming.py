@@ -16,7 +16,7 @@ import numpy as np
 
 from kdist.checkpoint.peak_memory import sample_active
 from kdist.checkpoint.restore import assign_all
-from kdist.errors import CheckpointError
+from kdist.errors import CheckpointError, cause
 from kdist.keras_internals import array_of, own_layout
 from kdist.keras_internals.loading import is_deferred, materialize
 
@@ -76,7 +76,7 @@ class Staging:
             raise
         except Exception as e:
             self.error = self.error or CheckpointError(
-                f"Cannot read the value of {variable.path!r} from {self.source}: {type(e).__name__}: {e}"
+                f"Cannot read the value of {variable.path!r} from {self.source}: {cause(e)}"
             )
             raise self.error from e
         sample_active()

@@ -40,7 +40,7 @@ from kdist.cluster.config import (  # noqa: F401  (TF_CONFIG, ClusterConfig: imp
 )
 from kdist.cluster.engines import ENGINE_NAMES, alone_requested, engine_tasks
 from kdist.cluster.tf_config import cluster_from_tf_config
-from kdist.errors import ArgumentTypeError, ClusterError
+from kdist.errors import ArgumentTypeError, ClusterError, cause
 from kdist.jax_internals import (
     backends_initialized,
     engine_cluster,
@@ -207,7 +207,7 @@ def _ask_jax(what, ask):
         return ask()
     except (RuntimeError, ValueError, KeyError, OSError) as e:
         raise ClusterError(
-            f"jax's detection of the {what} job failed: {type(e).__name__}: {e}. Give the job's layout "
+            f"jax's detection of the {what} job failed: {cause(e)}. Give the job's layout "
             f"yourself: KERAS_DISTRIBUTION_* in every task's environment (or {COORDINATOR}=HOST:PORT), or set "
             "KDIST_ALONE=1 to run each task alone."
         ) from e

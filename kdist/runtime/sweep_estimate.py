@@ -4,7 +4,7 @@ import keras
 
 from kdist.abstract import abstract_model
 from kdist.checks import is_int, shown
-from kdist.errors import ArgumentError, PlanError
+from kdist.errors import ArgumentError, PlanError, cause
 from kdist.planning.planner import plan
 
 
@@ -44,9 +44,9 @@ def default_estimate(build_model, devices, batch_size, optimizer, rules, strict=
     try:
         return planner_estimate(build_model, devices, batch_size=batch_size, optimizer=optimizer, rules=rules)
     except Exception as e:  # every row then says why the planner could not help
+        reason = f"the planner failed: {cause(e, lines=1, limit=400)}"
         if strict:
-            raise PlanError(f"top= sweeps the planner's leading meshes, but the planner failed: {describe(e)}") from e
-        reason = f"the planner failed: {describe(e)}"
+            raise PlanError(f"top= sweeps the planner's leading meshes, but {reason}") from e
 
         def unavailable(model, distribution):
             raise LookupError(reason)
@@ -64,10 +64,3 @@ def check_top(top, meshes):
             f'top={top} picks the meshes from the plan; leave meshes out ("all"), received meshes={shown(meshes)}.'
         )
     return top
-
-
-def describe(error):
-    """An error as one line: its type and the first line of its message."""
-    text = str(error).strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
-    return f"{type(error).__name__}: {first[:400]}"

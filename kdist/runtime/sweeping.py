@@ -17,7 +17,7 @@ import numpy as np
 
 from kdist.checks import is_int, non_negative_int, shown
 from kdist.devices import resolve_devices
-from kdist.errors import ArgumentError, ArgumentTypeError, PlanError
+from kdist.errors import ArgumentError, ArgumentTypeError, PlanError, cause
 from kdist.inspection.inspector import inspect
 from kdist.jax_internals import compile_train_step, memory_limit, xla_memory
 from kdist.keras_internals import symbolic_build
@@ -26,7 +26,7 @@ from kdist.meshes.enumerate import data_model_specs
 from kdist.presets import build_preset
 from kdist.render.progress import steps as steps_progress
 from kdist.runtime.data import check_batch_size
-from kdist.runtime.sweep_estimate import check_top, default_estimate, describe
+from kdist.runtime.sweep_estimate import check_top, default_estimate
 from kdist.runtime.sweep_result import SweepResult, SweepRow
 from kdist.runtime.timing import record_times, run_steps, step_losses, timed_steps
 from kdist.units import human_bytes, parse_size
@@ -285,7 +285,7 @@ def _prepare(row, spec, config, distribution, batch):
                 row.estimate_step_time = candidate(distribution).step_seconds
                 row.estimate_target = config.estimate.plan.target
         except Exception as e:  # an estimate is a column, not a reason to fail the shape
-            row.estimate_note = f"not available: {describe(e)}"
+            row.estimate_note = f"not available: {cause(e, lines=1, limit=400)}"
     return model
 
 
@@ -295,7 +295,7 @@ def _attempt(stage, fn):
     except _Failed:
         raise
     except Exception as e:  # a failed shape is a row, not a crash
-        raise _Failed(stage, describe(e)) from e
+        raise _Failed(stage, cause(e, lines=1, limit=400)) from e
 
 
 def _build(config, batch):
