@@ -8,8 +8,11 @@ names a file (`# train.py`) is also written there, for the doc's commands. Shell
 `kdist ...` line through `python -m kdist` there; their exit status must be 0,
 or 1 where the command reports a finding (lint errors, no plan), never a
 traceback. `pip`, `python -m venv` and the Open MPI / SLURM install lines are the
-install steps CI itself runs from a fresh checkout. TOML and JSON blocks must parse; `text` blocks are
-outputs and synopses; every block must say which of these it is.
+install steps CI itself runs from a fresh checkout. TOML and JSON blocks must parse;
+`text` blocks are outputs and synopses; every block must say which of these it is.
+The blocks and commands of a session share one JAX compilation cache (a fresh
+one each session), so a program one doc compiled is read back, not compiled
+again, by the next: the suite's run time; every command still runs whole.
 """
 
 import json
@@ -63,11 +66,27 @@ def save_scripts(path, directory):
             (directory / first[2:]).write_text(code)
 
 
-def _env():
+def _env(cache):
     env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
     env.update({"KDIST_FAKE_DEVICES": "8", "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "COLUMNS": "100"})
+    env.update(
+        {  # every program, however small or quick to compile
+            "JAX_COMPILATION_CACHE_DIR": str(cache),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+        }
+    )
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return env
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory):
+    """A JAX compilation cache for this session, shared by pytest-xdist's workers (their base folders' parent)."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax-compilation-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture
@@ -90,13 +109,13 @@ def test_every_block_says_what_it_is(path):
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_python_blocks_run(path, project):
+def test_python_blocks_run(path, project, compile_cache):
     code = "\n\n".join(code for lang, code in blocks(path) if lang == "python")
     if not code:
         pytest.skip("no Python block")
     save_scripts(path, project)
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=project, env=_env(), capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", code], cwd=project, env=_env(compile_cache), capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, f"{path.name}:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
 
@@ -115,11 +134,13 @@ COMMANDS = [(path, line) for path in DOCS for line in _commands(path)]
 
 
 @pytest.mark.parametrize("path, line", COMMANDS, ids=[f"{p.name}: {line[:60]}" for p, line in COMMANDS])
-def test_shell_commands_run(path, line, project):
+def test_shell_commands_run(path, line, project, compile_cache):
     assert line.startswith("kdist "), f"{path.name}: a shell line the docs test does not know how to run: {line!r}"
     argv = shlex.split(line, comments=True)[1:]
     save_scripts(path, project)
-    env = {k: v for k, v in _env().items() if k != "KDIST_FAKE_DEVICES"}  # each command picks its own devices
+    env = {
+        k: v for k, v in _env(compile_cache).items() if k != "KDIST_FAKE_DEVICES"
+    }  # each command picks its own devices
     result = subprocess.run(
         [sys.executable, "-m", "kdist", *argv], cwd=project, env=env, capture_output=True, text=True, timeout=600
     )
