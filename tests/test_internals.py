@@ -6,6 +6,7 @@ import pytest
 
 import kdist
 from kdist import jax_internals, keras_internals
+from tests.subprocess_utils import run_python
 
 
 @pytest.mark.parametrize("module", [keras_internals, jax_internals])
@@ -30,3 +31,23 @@ def test_keras_functions_are_wrapped_once_however_many_distributions_are_made():
     for spec in ("2x4", "fsdp=4,model=2", "dp"):
         kdist.preset(spec)
     assert keras_internals.jax_distribution_lib.distribute_tensor is wrapped
+
+
+def test_planning_a_keras_model_does_not_import_tensorflow_and_reads_the_same_layer_configs():
+    """Keras's serializer imports TensorFlow (4 s) only to check values for TF types; the planner's configs skip it."""
+    code = """
+import sys
+import kdist
+from kdist import keras_internals
+from keras.src.utils import module_utils
+
+model = kdist.abstract_model(kdist.models.tiny_transformer)
+kdist.plan(model, devices=8, batch_size=16)
+print("IMPORTED", "tensorflow" in sys.modules, module_utils.tensorflow._available)
+without = [repr(keras_internals.layer_config(layer)) for layer in model.layers]
+import tensorflow  # now Keras's serializer checks every value against TF's types
+print("SAME", without == [repr(layer.get_config()) for layer in model.layers], len(without))
+"""
+    result = run_python(code, env={"KDIST_FAKE_DEVICES": "8"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "IMPORTED False None" in result.stdout and "SAME True" in result.stdout, result.stdout

@@ -5,7 +5,8 @@ function says what it reaches into, and `NEEDED` lists the private attributes,
 checked when kdist is imported: a Keras without one raises `VersionError`
 naming it. When Keras changes, this is the module to mend.
 Everything else in kdist uses Keras's public API only; `loading.py` beside
-this file holds the internals that only `kdist.load` reaches.
+this file holds the internals that only `kdist.load` reaches, `attention.py`
+those the planner's attention trace reaches.
 """
 
 import contextlib
@@ -34,10 +35,9 @@ try:
     from keras.src.backend.common import global_state
     from keras.src.backend.common.keras_tensor import KerasTensor  # noqa: F401  (re-exported for the activation trace)
     from keras.src.backend.jax import distribution_lib as jax_distribution_lib
-    from keras.src.backend.jax import nn as backend_nn
     from keras.src.backend.jax.trainer import JAXTrainer
     from keras.src.models.functional import operation_fn  # noqa: F401  (re-exported for the activation trace)
-    from keras.src.utils import io_utils
+    from keras.src.utils import io_utils, module_utils
 except ImportError as e:
     raise missing_module(e) from e
 
@@ -48,8 +48,8 @@ NEEDED = {
         jax_distribution_lib,
         ("distribute_tensor", "distribute_data_input", "initialize_rng"),
     ),
-    "keras.src.backend.jax.nn": (backend_nn, ("dot_product_attention",)),
     "keras.src.utils.io_utils": (io_utils, ("print_msg",)),
+    "keras.src.utils.module_utils.tensorflow": (module_utils.tensorflow, ("_available",)),
     "keras.src.backend.jax.trainer.JAXTrainer": (JAXTrainer, ("make_predict_function",)),
     "keras.Model": (keras.Model, ("_symbolic_build",)),
     "keras.Variable": (keras.Variable, ("_direct_assign",)),
@@ -122,6 +122,19 @@ def set_path(variable, path):
 
 
 # --- Models -------------------------------------------------------------------------------------
+
+
+def layer_config(layer):
+    """`layer.get_config()` without Keras importing TensorFlow (4 s) to check values for TF types: before
+    anything imports it no value can be one, so `module_utils.tensorflow` reads unavailable for the call."""
+    tensorflow = module_utils.tensorflow
+    if "tensorflow" in sys.modules or tensorflow._available is not None:
+        return layer.get_config()
+    tensorflow._available = False
+    try:
+        return layer.get_config()
+    finally:
+        tensorflow._available = None
 
 
 def functional(model):
@@ -244,52 +257,6 @@ def slot_references(optimizer_variables, weights):
                 out[id(v)] = reference
                 break
     return out
-
-
-# --- Attention: the platform decision, answered for a planning target ------------------------------
-
-
-@contextlib.contextmanager
-def attention_decision(keras_attention, fused, platform):
-    """Answer Keras's and keras-hub's attention platform probes for `platform`, not the host, inside the block.
-
-    Replaces the JAX backend's `dot_product_attention` (`keras.src.backend.jax.nn`,
-    which `keras.ops.dot_product_attention` calls) with
-    `keras_attention(original, query, key, value, **kwargs)`, its flash check
-    `_can_use_flash_attention` with one answering `fused`, and keras-hub's `running_on_gpu` / `running_on_tpu` /
-    `gpu_supports_fused_attention_op` (imported by name into each attention
-    module, so patched in every loaded `keras_hub` module) with answers for
-    `platform` ("gpu", "tpu" or "cpu"). Checked against keras 3.15.1 and
-    keras-hub 0.32.0.
-    """
-    saved = []
-
-    def patch(owner, name, value):
-        saved.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, value)
-
-    original = backend_nn.dot_product_attention
-
-    def attention(query, key, value, **kwargs):
-        return keras_attention(original, query, key, value, **kwargs)
-
-    try:
-        patch(backend_nn, "dot_product_attention", attention)
-        patch(backend_nn, "_can_use_flash_attention", lambda *args, **kwargs: fused)
-        for module in list(sys.modules.values()):
-            if not (getattr(module, "__name__", "") or "").startswith("keras_hub"):
-                continue
-            for name, answer in (
-                ("running_on_gpu", platform == "gpu"),
-                ("running_on_tpu", platform == "tpu"),
-                ("gpu_supports_fused_attention_op", True),
-            ):
-                if callable(getattr(module, name, None)):
-                    patch(module, name, lambda answer=answer: answer)
-        yield
-    finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
 
 
 # --- Variable arrays ------------------------------------------------------------------------------

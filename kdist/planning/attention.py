@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.core import ShapedArray
 from jax.extend.core import Primitive
 
-from kdist.keras_internals import attention_decision
+from kdist.keras_internals.attention import attention_decision
 
 ATTENTION = ("fused", "materialized")
 HALF = ("bfloat16", "float16")

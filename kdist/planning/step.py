@@ -17,7 +17,7 @@ import jax
 import keras
 
 from kdist.errors import KdistError, PlanError, cause
-from kdist.keras_internals import KerasTensor, deferred, input_struct, nodes_by_depth, output_struct
+from kdist.keras_internals import KerasTensor, deferred, input_struct, layer_config, nodes_by_depth, output_struct
 from kdist.planning.attention import default_attention, forced_attention
 from kdist.planning.buffers import Rules, analyse
 from kdist.planning.timeline import Step
@@ -246,7 +246,7 @@ class _Walk:
 
 def _config_key(op):
     try:
-        config = dict(op.get_config())
+        config = dict(layer_config(op))
     except Exception:  # any failure of a layer's get_config: the signature then goes without it
         return ""
     config.pop("name", None)
