@@ -45,8 +45,9 @@ model = kdist.abstract_model(kdist.models.tiny_transformer)
 kdist.plan(model, devices=8, batch_size=16)
 print("IMPORTED", "tensorflow" in sys.modules, module_utils.tensorflow._available)
 without = [repr(keras_internals.layer_config(layer)) for layer in model.layers]
+assert without, "the model has no layers to compare"
 import tensorflow  # now Keras's serializer checks every value against TF's types
-print("SAME", without == [repr(layer.get_config()) for layer in model.layers], len(without))
+print("SAME", without == [repr(layer.get_config()) for layer in model.layers])
 """
     result = run_python(code, env={"KDIST_FAKE_DEVICES": "8"})
     assert result.returncode == 0, result.stderr[-3000:]
