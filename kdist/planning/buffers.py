@@ -139,7 +139,10 @@ def analyse(p, rules):
         made, maybe = [o for o in outs if mat[o]], [o for o in outs if o in cond]
         if made or maybe or kinds[i] == "kernel":
             used = tuple(sorted({r for x in ins for r in roots[x]}))
-            in_place = kinds[i] in ("elementwise", "alias") or f.eqns[i][0] in IN_PLACE_KERNELS
+            in_place = ()
+            if kinds[i] in ("elementwise", "alias") or f.eqns[i][0] in IN_PLACE_KERNELS:
+                normalized = _normalized_operands(i, used, f, producer, kinds, roots, reach)
+                in_place = tuple(r for r in used if r not in normalized)
             kernels.append((i, made, maybe, used, in_place))
     p.in_needs_buffer, p.in_readers = {}, {}
     for x in external:
@@ -175,6 +178,30 @@ def analyse(p, rules):
     p.mat, p.roots, p.kinds = mat, roots, kinds
     p.producer_index = {x: i for x, i in enumerate(producer) if i is not None}
     return p
+
+
+def _normalized_operands(i, used, f, producer, kinds, roots, reach):
+    """Buffers elementwise kernel i reads both directly and through last-axis reductions made for it alone.
+
+    That is a normalization (a softmax or its backward, a norm's backward):
+    XLA:GPU fuses the reductions and the elementwise kernel into one kernel
+    (SoftmaxRewriterTriton's normalization diamond), which reads its operands
+    twice and does not write its output over them.
+    """
+    own = {i, *(("out", o) for o in f.eqns[i][2])}
+    reduced, todo, seen = set(), [r for r in used if reach[r] <= own], set()
+    while todo:
+        r = todo.pop()
+        j = producer[r]
+        if r in seen or j is None or kinds[j] != "reduction":
+            continue
+        seen.add(r)
+        ins = f.eqns[j][1]
+        if ins and tuple(f.shape[r]) == tuple(f.shape[ins[0]][:-1]):
+            sources = {b for x in ins for b in roots[x]}
+            reduced |= sources
+            todo.extend(b for b in sources if reach[b] == {j})
+    return reduced & set(used)
 
 
 def _kind(prim):

@@ -25,7 +25,7 @@ class Step:
         self.size, self.shape, self.dtype, self.term, self.batch = [], [], [], [], []
         self.weight_of = {}  # buffer -> index of the variable it is a copy, gradient or gathered copy of
         self.var_bytes, self.var_itemsize = [], []
-        self.events = []  # (buffers made, buffers read, elementwise: may write over an operand)
+        self.events = []  # (buffers made, buffers read, buffers read it may write over: elementwise kernels)
         self.agenda = []  # ("run", instance, lo, hi) | ("acc", out, parts) | ("opt", grad) | ("loss_start",)
         self.cond = {}  # layer output / input cotangent -> (instance, local id, expensive, internal readers)
         self.readers = {}  # buffer -> [(instance, local id)] of the calls reading it
@@ -139,17 +139,18 @@ class Step:
                         continue
                     made = [mapping[o] for o in made] + [mapping[o] for o in maybe if mapping[o] not in self.virtual]
                     if made or p.kinds[i] == "kernel":
-                        read = {r for x in used for r in self._expand(mapping[x], memo)}
-                        self.events.append((made, tuple(read), inplace))
+                        read = tuple({r for x in used for r in self._expand(mapping[x], memo)})
+                        writable = {r for x in inplace for r in self._expand(mapping[x], memo)}
+                        self.events.append((made, read, tuple(r for r in read if r in writable)))
                         _, ins, outs = p.flat.eqns[i]
                         self._event_info(p.flat.flops[i], p.flat.dtype[outs[0]] if outs else "float32",
                                          tuple(p.flat.shape[x] for x in (*ins, *outs)))  # fmt: skip
             elif item[0] == "acc":
-                read = {r for x in item[2] for r in self._expand(x, memo)}
-                self.events.append(([item[1]], tuple(read), True))
+                read = tuple({r for x in item[2] for r in self._expand(x, memo)})
+                self.events.append(([item[1]], read, read))
                 self._event_info()
             else:  # "opt": the optimizer update reads the gradient
-                self.events.append(([], self._expand(item[1], memo), False))
+                self.events.append(([], self._expand(item[1], memo), ()))
                 self._event_info()
                 if item[1] in self.weight_of:  # (variable, its gradient, the update reading it)
                     self.final_grads.append((self.weight_of[item[1]], item[1], len(self.events) - 1))
@@ -220,11 +221,9 @@ class Step:
             born[made] = t
         external = np.array([t == "external" for t in self.term])
         reused, taken = [], set()
-        for t, (made, used, inplace) in enumerate(self.events):
-            if not inplace:
-                continue
+        for t, (made, _, writable) in enumerate(self.events):
             for o in made:
-                for x in used:
+                for x in writable:
                     same = self.size[x] == self.size[o] > 0 and self.batch[x] == self.batch[o]
                     if last[x] == t and x not in taken and not external[x] and same:
                         taken.add(x)

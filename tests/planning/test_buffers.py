@@ -1,0 +1,45 @@
+"""XLA's buffer rules on small traced programs: which kernels may write over the buffers they read."""
+
+import jax
+import jax.numpy as jnp
+
+from kdist.planning import buffers, trace
+
+SCORES, VALUES = jax.ShapeDtypeStruct((7, 64, 64), jnp.float32), jax.ShapeDtypeStruct((64, 32), jnp.float32)
+
+
+def _input_gradient_kernel(activation):
+    """The analysed program of `activation(x) @ v`, and (buffers read, buffers it may overwrite) of x's gradient."""
+
+    def fn(trainable, diff, const):
+        return [activation(diff[0]) @ const[0]]
+
+    p = buffers.analyse(trace.trace_program(fn, [], [VALUES], [SCORES]), buffers.Rules())
+    (gradient,) = p.ga
+    (kernel,) = [k for k in p.kernels if gradient in k[1] + k[2]]
+    return p, kernel[3], kernel[4]
+
+
+def _score_gradient(p):
+    """The backward GEMM's output: the gradient of the activation's output."""
+    (x,) = [
+        outs[0]
+        for prim, _, outs in p.flat.eqns[p.n_fwd :]
+        if prim == "dot_general" and tuple(p.flat.shape[outs[0]]) == SCORES.shape
+    ]
+    return x
+
+
+def test_a_softmax_backward_does_not_write_over_the_gradient_it_normalizes():
+    """XLA:GPU fuses the row sums and the elementwise part into one kernel that reads its operands twice."""
+    p, read, writable = _input_gradient_kernel(lambda x: jax.nn.softmax(x, axis=-1))
+    g = _score_gradient(p)
+    assert g in read
+    assert g not in writable
+
+
+def test_an_elementwise_backward_writes_over_the_gradient_it_reads_last():
+    p, read, writable = _input_gradient_kernel(jnp.tanh)
+    g = _score_gradient(p)
+    assert g in read
+    assert g in writable
