@@ -7,7 +7,8 @@ of it alive at one instruction (the rest is heap fragmentation; every value
 counts, so values sharing one buffer count twice and a packed heap can show
 a fragmentation just under 0), where in the step that instruction is, and
 the values alive there grouped by the part of the step that made them
-(forward, backward, optimizer, collectives) and by shape. The planner's
+(forward, backward, optimizer, collectives) and by shape, and each of at
+least 1 MiB with the jax operation that made it and its live range. The planner's
 terms at its own peak stand beside them: the term-by-term comparison behind
 the "Every mesh of 8 devices" section of docs/plan.md.
 
@@ -67,11 +68,14 @@ def xla_peak(prefix):
         if alive > best:
             best, at = alive, t
     ops = _op_names(Path(prefix + ".txt").read_text())
-    groups = collections.Counter()
+    groups, named = collections.Counter(), []
     for name, size, shape in values:
         start, end = live[name]
         if start <= at <= end:
-            groups[(_part(ops.get(name.split("{")[0], "")), shape)] += size
+            op_name = ops.get(name.split("{")[0], "")
+            groups[(_part(op_name), shape)] += size
+            if size >= 2**20:
+                named.append({"bytes": size, "shape": shape, "op_name": op_name, "live": [start, end]})
     return {
         "heap": int(temp.group(1)),
         "max_live": best,
@@ -81,6 +85,7 @@ def xla_peak(prefix):
             {"part": part, "shape": shape, "bytes": size}
             for (part, shape), size in sorted(groups.items(), key=lambda kv: -kv[1])
         ],
+        "values_at_peak": sorted(named, key=lambda v: (-v["bytes"], v["live"])),  # each of at least 1 MiB, by name
     }
 
 
