@@ -97,8 +97,9 @@ def analyse(p, rules):
 
     Sets on `p`: `mat` (per id: a buffer), `roots` (the buffers a value is
     computed from), `kernels` [(eqn index, buffers made, layer outputs made
-    if kept, buffers read, may overwrite an operand: elementwise or a scatter)], `out_info` (per output / input
-    cotangent: "buffer", "alias" of one buffer or of a "cond" value, or "cond":
+    if kept, buffers read, those of them it may overwrite: an elementwise
+    kernel's or a scatter's, but not a normalization's)], `out_info` (per
+    output / input cotangent: "buffer", "alias" of one buffer or of a "cond" value, or "cond":
     decided on the whole graph, since XLA fuses across layer boundaries), `in_needs_buffer` and
     `in_readers` (per input), `weight_copy` (buffers that are copies of one
     weight: mixed precision's casts, gradients), `zero_grads`, `kinds`,
