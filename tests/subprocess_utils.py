@@ -7,6 +7,16 @@ import sys
 _INHERITED = ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS", "JAX_PLATFORMS", "KDIST_FAKE_DEVICES", "KERAS_BACKEND")
 
 
+def compilation_cache_env(directory):
+    """Variables giving a process JAX's persistent compilation cache in `directory`, for every program however
+    small or quick to compile (a cache hit still emits the compile event `jax_internals.count_compiles` counts)."""
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(directory),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+
+
 def run_python(code, env=None, timeout=240):
     clean = {k: v for k, v in os.environ.items() if k not in _INHERITED}
     clean["TF_CPP_MIN_LOG_LEVEL"] = "2"

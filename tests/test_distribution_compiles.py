@@ -18,7 +18,7 @@ import pytest
 import kdist
 from kdist.jax_internals import KERAS_STEPS, count_compiles
 from kdist.models import mnist_mlp
-from tests.subprocess_utils import run_python
+from tests.subprocess_utils import compilation_cache_env, run_python
 
 BASIC = ("fit", "fit", "evaluate", "predict", "fit")
 RESTORED = ("evaluate", "predict", "fit", "fit", "evaluate")
@@ -132,12 +132,7 @@ for spec in (None, "dp"):
 runs["dp reshard"] = step_compiles("dp", ("fit", "reshard fsdp", "fit", "evaluate", "predict", "fit"), directory / "r")
 print("COUNTS", json.dumps(runs))
 """
-    # One compilation cache for the run: each spec compiles the same steps again (a cache hit still counts).
-    cache = {
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
+    cache = compilation_cache_env(tmp_path / "jax-cache")  # each spec compiles the same steps again
     result = run_python(code, env={"KDIST_FAKE_DEVICES": "1", **cache}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     runs = json.loads(result.stdout.split("COUNTS ", 1)[1])
