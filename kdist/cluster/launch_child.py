@@ -12,6 +12,10 @@ or `code TEXT ARGS...`. It then
   KDIST_LAUNCH_FAULT_FILE and ends the process at once with `os._exit`:
   a process of a JAX distributed run would otherwise wait for its peers
   at exit (jax's shutdown barrier), and the launcher could not tell;
+- makes C's stdout line-buffered (Python's `-u`, which the launcher sets,
+  leaves it unbuffered): C++ libraries such as Gloo print one line in
+  several writes, and a line the script prints from another thread would
+  otherwise land in the middle of theirs;
 - writes a heartbeat line every second to the pipe named by
   KDIST_LAUNCH_HEARTBEAT_FD: where the main thread is (file:line), so the
   launcher can tell a process that makes no progress from a busy one, and
@@ -19,6 +23,7 @@ or `code TEXT ARGS...`. It then
   peers at exit).
 """
 
+import ctypes
 import json
 import os
 import runpy
@@ -30,12 +35,15 @@ import traceback
 FAULT_FILE = "KDIST_LAUNCH_FAULT_FILE"
 HEARTBEAT_FD = "KDIST_LAUNCH_HEARTBEAT_FD"
 BEAT_SECONDS = 1.0
+LINE_BUFFERED = 1  # _IOLBF in glibc's stdio.h
+C_BUFFER_BYTES = 8192
 
 
 def main(argv):
     """Run the target in `argv` ([kind, target, *args]) under the fault handler and the heartbeat."""
     fault_file = os.environ.pop(FAULT_FILE, None)
     beat = _start_heartbeat(os.environ.pop(HEARTBEAT_FD, None))
+    _line_buffer_c_stdout()
     kind, target, *args = argv
     try:
         _run(kind, target, args)
@@ -81,12 +89,27 @@ def _user_frames(tb):
     return tb
 
 
+def _line_buffer_c_stdout():
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        # glibc gives no buffer for a NULL one; this one is never freed, as C flushes stdout at exit.
+        buffer = ctypes.c_void_p(libc.malloc(C_BUFFER_BYTES))
+        libc.setvbuf(ctypes.c_void_p.in_dll(libc, "stdout"), buffer, LINE_BUFFERED, C_BUFFER_BYTES)
+    except (OSError, ValueError, AttributeError):  # no C library, or one without that symbol: leave it as it is
+        pass
+
+
 def _end(fault_file, fault, code):
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
+    try:
+        ctypes.CDLL(None).fflush(None)  # os._exit leaves C's buffers unwritten
+    except (OSError, AttributeError):
+        pass
     if fault_file:
         try:
             with open(fault_file, "w", encoding="utf-8") as f:

@@ -193,3 +193,19 @@ def test_the_script_runs_as_python_would_run_it(tmp_path):
     assert result.outputs[0] == ["ARGS ['main.py', 'a', 'b'] 7 __main__"]
     module = kdist.launch(["-m", "json.tool", "--help"], num_processes=1, stream=None, capture=True)
     assert module.returncode == 0 and any("json.tool" in line for line in module.outputs[0]), module.report()
+
+
+def test_a_line_printed_from_c_in_pieces_stays_whole():
+    code = (
+        "import ctypes, os, sys\n"
+        "libc = ctypes.CDLL(None)\n"
+        "out = ctypes.c_void_p.in_dll(libc, 'stdout')\n"
+        "libc.fputs(b'[C] one line, ', out)\n"  # as Gloo prints its lines: a write per piece
+        "os.write(1, b'PYTHON\\n')\n"  # another thread's line, between the pieces
+        "libc.fputs(b'in two pieces\\n', out)\n"
+        "libc.fputs(b'unfinished', out)\n"
+        "sys.exit(2)\n"
+    )
+    result = kdist.launch(["-c", code], num_processes=1, stream=None, capture=True)
+    assert result.returncode == 2, result.report()
+    assert result.outputs[0] == ["PYTHON", "[C] one line, in two pieces", "unfinished"]
