@@ -15,7 +15,11 @@ the "Every mesh of 8 devices" section of docs/plan.md.
 Run: JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 8 \
          --meshes "data=8;fsdp=8;model=8"
      JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 1 --batch 4
-Appends to benchmarks/results/xla_buffers_at_peak.json (one entry per model, device count and batch).
+     JAX_PLATFORMS=cpu XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true \
+         python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 8 --meshes "data=8;fsdp=8"
+Appends to benchmarks/results/xla_buffers_at_peak.json (one entry per model, device count, batch and
+whether XLA's latency-hiding scheduler ran, read from the dump: off by default in jax 0.10.2's compile).
+The dump folder this script makes is removed at the end.
 """
 
 import argparse
@@ -24,6 +28,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +41,13 @@ from planner_vs_deviceless_sharded import CONFIGS  # noqa: E402  (after XLA_FLAG
 
 RESULTS = Path(__file__).parent / "results" / "xla_buffers_at_peak.json"
 SUFFIX = "gpu_after_optimizations"
+
+
+def latency_hiding_scheduler(prefix):
+    """Whether XLA ran its latency-hiding scheduler on the module dumped at `prefix` (its config says)."""
+    module = ".".join(Path(prefix).name.split(".")[:2])  # module_0001.jit_train_step
+    config = (Path(prefix).parent / f"{module}.config.pbtxt").read_text()
+    return re.search(r"xla_gpu_enable_latency_hiding_scheduler: (\w+)", config).group(1) == "true"
 
 
 def newest_dump():
@@ -142,6 +154,7 @@ def main():
         result = kdist.plan(build, args.devices, **common, verify=[spec], verify_target="H100")
         candidate = next(c for c in result.candidates if c.compiled)
         xla = xla_peak(newest_dump())
+        scheduler = latency_hiding_scheduler(newest_dump())
         terms = candidate.to_dict()["bytes"]
         state = terms["weights"] + terms["optimizer"]
         rows.append(
@@ -164,11 +177,12 @@ def main():
             flush=True,
         )
     saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": []}
-    key = {"config": label, "devices": args.devices, "batch": batch}
-    saved["runs"] = [r for r in saved["runs"] if {k: r.get(k) for k in key} != key]
+    key = {"config": label, "devices": args.devices, "batch": batch, "latency_hiding_scheduler": scheduler}
+    saved["runs"] = [r for r in saved["runs"] if {k: r.get(k, False) for k in key} != key]
     saved["runs"].append({**key, "machine": machine_info(), "rows": rows})
     RESULTS.write_text(json.dumps(saved, indent=1) + "\n")
     print(f"wrote {RESULTS}")
+    shutil.rmtree(DUMP)
 
 
 if __name__ == "__main__":
