@@ -18,7 +18,8 @@ Run: JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt2 --d
      JAX_PLATFORMS=cpu XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true \
          python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 8 --meshes "data=8;fsdp=8"
 Appends to benchmarks/results/xla_buffers_at_peak.json (one entry per model, device count, batch and
-whether XLA's latency-hiding scheduler ran, read from the dump: off by default in jax 0.10.2's compile).
+XLA_FLAGS; each entry also says whether XLA's latency-hiding scheduler ran, read from the dump: off by
+default in jax 0.10.2's compile).
 The dump folder this script makes is removed at the end.
 """
 
@@ -34,8 +35,9 @@ import time
 from pathlib import Path
 
 DUMP = tempfile.mkdtemp(prefix="kdist-xla-dump-")
+XLA_FLAGS = os.environ.get("XLA_FLAGS", "")  # the caller's, recorded with the results
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={DUMP}".strip()
+os.environ["XLA_FLAGS"] = f"{XLA_FLAGS} --xla_dump_to={DUMP}".strip()
 
 from planner_vs_deviceless_sharded import CONFIGS  # noqa: E402  (after XLA_FLAGS: jax reads them once)
 
@@ -177,9 +179,9 @@ def main():
             flush=True,
         )
     saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": []}
-    key = {"config": label, "devices": args.devices, "batch": batch, "latency_hiding_scheduler": scheduler}
-    saved["runs"] = [r for r in saved["runs"] if {k: r.get(k, False) for k in key} != key]
-    saved["runs"].append({**key, "machine": machine_info(), "rows": rows})
+    key = {"config": label, "devices": args.devices, "batch": batch, "xla_flags": XLA_FLAGS}
+    saved["runs"] = [r for r in saved["runs"] if {k: r.get(k, "") for k in key} != key]
+    saved["runs"].append({**key, "latency_hiding_scheduler": scheduler, "machine": machine_info(), "rows": rows})
     RESULTS.write_text(json.dumps(saved, indent=1) + "\n")
     print(f"wrote {RESULTS}")
     shutil.rmtree(DUMP)
