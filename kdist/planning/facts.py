@@ -254,10 +254,17 @@ def _input_shapes(model, sequence_length):
 
 
 def _check_position_tables(model, sequence_length):
-    """Refuse a sequence longer than a learned position table of the model holds (the step could not run)."""
+    """Refuse a sequence longer than a learned position table of the model holds (the step could not run).
+
+    A position layer is one named so, or one whose `sequence_length` is the
+    length of a table it holds (SigLIP's text embedding sums a token and a
+    position table in one layer).
+    """
     for layer in layers(model):
         length = getattr(layer, "sequence_length", None)
-        if "Position" in type(layer).__name__ and isinstance(length, int) and length < sequence_length:
+        if not isinstance(length, int) or length >= sequence_length:
+            continue
+        if "Position" in type(layer).__name__ or any(v.shape[:1] == (length,) for v in layer.weights):
             raise ArgumentError(
                 f"sequence_length={sequence_length} is longer than layer {layer.name!r} ({type(layer).__name__}) "
                 f"of model {model.name!r} takes: it holds positions for {length} tokens. Pass sequence_length <= "

@@ -5,6 +5,7 @@ import pytest
 import kdist
 from kdist.errors import ArgumentError, ArgumentTypeError, ModelError, PlanError, RuleError, SizeError
 from kdist.models import mnist_mlp
+from kdist.zoo import tiny_entries
 from tests.helpers import raises_clearly
 
 MODEL = kdist.abstract_model(mnist_mlp)
@@ -67,6 +68,18 @@ def test_a_sequence_longer_than_a_learned_position_table_is_refused():
         "sequence_length <= 32",
     )
     assert kdist.plan(model, 2, batch_size=8, sequence_length=32).candidates
+
+
+def test_a_position_table_inside_a_layer_not_named_position_is_found():
+    pytest.importorskip("keras_hub")
+    model = kdist.abstract_model(tiny_entries()["siglip"])  # SigLIP's text embedding: token + position tables
+    raises_clearly(
+        lambda: kdist.plan(model, 2, batch_size=8, sequence_length=32),
+        ArgumentError,
+        "sequence_length=32 is longer than layer 'embedding' (SigLIPTextEmbedding)",
+        "holds positions for 16 tokens",
+    )
+    assert kdist.plan(model, 2, batch_size=8, sequence_length=16).candidates
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{i}" for i in range(len(CASES))])
