@@ -16,6 +16,7 @@ from kdist.keras_internals import (
     constrain_outputs_with,
     gather_predictions_with,
     lay_out_batches_with,
+    made_by_optimizer,
     own_layout,
 )
 from kdist.meshes.batching import batch_split
@@ -234,7 +235,7 @@ class ShardedDistribution(ModelParallel):
                 reason="the variable carried its own layout",
             )
             return layout
-        placement = self.place(variable.path, variable.shape)
+        placement = self.placer.place(variable.path, variable.shape, optimizer_state=made_by_optimizer())
         self.placements[variable.path] = placement
         return MultiAxisLayout(placement.axes, self.device_mesh)
 

@@ -122,21 +122,21 @@ class _Layouts:
             rules = LayoutMapRules(layout_map_of(distribution))
             self.placer = Placer(rules, ParallelDims.from_device_mesh(distribution.device_mesh))
 
-    def planned(self, variable):
-        """(spec, (source, rule, reason)) Keras would give `variable` under the distribution."""
+    def planned(self, variable, optimizer_state=False):
+        """(spec, (source, rule, reason)) Keras would give `variable` (an optimizer's own: `optimizer_state`)."""
         shape = tuple(variable.shape)
         layout = own_layout(variable)
         if layout is not None and getattr(layout, "device_mesh", None) is self.distribution.device_mesh:
             spec = full_spec(layout_axes(layout), len(shape), variable.path)
-            return spec, self.provenance(variable.path, shape, spec)
+            return spec, self.provenance(variable.path, shape, spec, optimizer_state)
         if self.placer is not None:
-            placement = self.placer.place(variable.path, shape)
+            placement = self.placer.place(variable.path, shape, optimizer_state)
             return full_spec(placement.axes, len(shape), variable.path), _provenance(placement)
         layout = self.distribution.get_variable_layout(variable)
         spec = full_spec(layout_axes(layout), len(shape), variable.path)
-        return spec, self.provenance(variable.path, shape, spec)
+        return spec, self.provenance(variable.path, shape, spec, optimizer_state)
 
-    def provenance(self, path, shape, spec):
+    def provenance(self, path, shape, spec, optimizer_state=False):
         """(source, rule, reason) of a variable found laid out as `spec`."""
         if self.distribution is None:
             if any(a is not None for a in spec):
@@ -147,7 +147,7 @@ class _Layouts:
                 )
             return ("default", "", "no distribution: replicated or on one device")
         if self.placer is not None:
-            placement = self.placer.place(path, shape)
+            placement = self.placer.place(path, shape, optimizer_state)
             if full_spec(placement.axes, len(shape)) != spec:
                 recorded = getattr(self.distribution, "placements", {}).get(path)
                 if recorded is None or full_spec(recorded.axes, len(shape)) != spec:
@@ -232,7 +232,7 @@ def _live_row(variable, value, kind, index, layouts):
         piece_shape,
         len(sharding.device_set) // max(1, num_shards),
         device_bytes,
-        *layouts.provenance(variable.path, shape, spec),
+        *layouts.provenance(variable.path, shape, spec, kind == "optimizer"),
         itemsize=element_bytes,
     )
 
@@ -253,7 +253,7 @@ def _abstract_report(variables, slots, layouts):
 
 def _planned_row(variable, kind, layouts, mesh, index, cache=None):
     shape = tuple(variable.shape)
-    spec, provenance = layouts.planned(variable)
+    spec, provenance = layouts.planned(variable, kind == "optimizer")
     dtype = dtype_name(variable.dtype)
     element_bytes = itemsize(dtype)
     key = (shape, spec, element_bytes)

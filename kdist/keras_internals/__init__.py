@@ -110,6 +110,12 @@ def own_layout(variable):
     return getattr(variable, "_layout", None)
 
 
+def made_by_optimizer():
+    """Whether the variable being created now is an optimizer's own: a Keras name scope opened by an optimizer."""
+    scopes = global_state.get_global_attribute("name_scope_stack", [])
+    return any(isinstance(getattr(scope, "caller", None), keras.optimizers.Optimizer) for scope in scopes)
+
+
 def set_array(variable, layout, value):
     """Give `variable` a new array and layout without a copy (`_layout`, `_direct_assign`)."""
     variable._layout = layout
@@ -236,6 +242,24 @@ def plan_optimizer(optimizer, trainable):
         del optimizer.add_variable, optimizer.add_variable_from_reference
         del pending[before:]  # so that no later scope exit allocates the planned state
     return list(optimizer.variables), slots
+
+
+def state_owners(optimizer_variables, slots):
+    """{id(variable): weight} for an optimizer's own variables made for one weight (Adafactor's factored moments).
+
+    Keras's optimizers make them just before the weight's first slot, named
+    after the weight (`name=var.name`); `slots` is {id(slot): weight}. One of
+    another name (Nadam's `u_product`) belongs to no weight.
+    """
+    owners, pending = {}, []
+    for v in optimizer_variables:
+        weight = slots.get(id(v))
+        if weight is None:
+            pending.append(v)
+            continue
+        owners.update((id(own), weight) for own in pending if own.name == weight.name)
+        pending = []
+    return owners
 
 
 def slot_references(optimizer_variables, weights):

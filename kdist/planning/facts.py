@@ -8,7 +8,16 @@ import keras
 from kdist.checks import shown
 from kdist.errors import ArgumentError, KdistError, ModelError, PlanError, cause
 from kdist.inspection.inspector import planned_optimizer
-from kdist.keras_internals import array_of, deferred, input_struct, layers, output_struct, plan_optimizer, set_path
+from kdist.keras_internals import (
+    array_of,
+    deferred,
+    input_struct,
+    layers,
+    output_struct,
+    plan_optimizer,
+    set_path,
+    state_owners,
+)
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.step import compute_dtype, trace_step
 from kdist.planning.trace import TRACE_BATCH
@@ -68,6 +77,7 @@ class ModelFacts:
         self.optimizer, self.optimizer_name, self.optimizer_variables, self.slots = _planned_optimizer(
             optimizer, [v for v in self.variables if getattr(v, "trainable", True)]
         )
+        self.owners = state_owners(self.optimizer_variables, self.slots)  # a repeated weight's own state repeats
         self.inputs = _input_shapes(self.model, sequence_length) if self.is_model else None
         if self.inputs is not None and sequence_length is not None:
             _check_position_tables(self.model, sequence_length)

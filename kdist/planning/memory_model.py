@@ -72,8 +72,10 @@ def placed_variables(facts, dims):
         reference = facts.slots.get(id(v))
         if reference is not None:
             spec, count = by_path[reference.path].spec, by_path[reference.path].count
-        else:
-            spec, count = placer.place(v.path, v.shape).axes, 1
+        else:  # the optimizer's own: counted as often as the weight it was made for
+            owner = facts.owners.get(id(v))
+            spec = placer.place(v.path, v.shape, optimizer_state=True).axes
+            count = by_path[owner.path].count if owner is not None else 1
         rows.append(_row("optimizer", v, spec, sizes, count))
     return rows
 

@@ -9,7 +9,7 @@ import dataclasses
 import math
 
 from kdist.errors import RuleError
-from kdist.meshes.layout import ELLIPSIS
+from kdist.meshes.layout import ELLIPSIS, fits_rank
 from kdist.meshes.roles import Role
 from kdist.rules.layout_map import LayoutMapRules
 from kdist.rules.placement import Placement
@@ -52,12 +52,19 @@ class Placer:
         self._by_path = {}  # path -> axes before fsdp, for rules that follow a sibling
         self._matches = {}  # path -> rule (RuleSet only)
 
-    def place(self, path, shape):
-        """The `Placement` of a variable of `shape` at `path`."""
+    def place(self, path, shape, optimizer_state=False):
+        """The `Placement` of a variable of `shape` at `path`.
+
+        `optimizer_state`: the variable is an optimizer's own (Adafactor's
+        factored moments are named after their weight, one dimension short;
+        slots made from a weight carry its layout and never come here). A
+        rule of a `RuleSet` that lays out only higher ranks leaves it
+        replicated, saying so, where for a weight it raises a `RuleError`.
+        """
         key = (path, tuple(int(d) for d in shape))
         placement = self._placements.get(key)
         if placement is None:
-            by_rules = self._by_rules(*key)
+            by_rules = self._by_rules(*key, optimizer_state)
             self._by_path[path] = by_rules.axes
             placement = self._placements[key] = self._fsdp(by_rules)
         return placement
@@ -86,12 +93,16 @@ class Placer:
             )
         return rule.bind(layout, self.dims)
 
-    def _by_rules(self, path, shape):
+    def _by_rules(self, path, shape, optimizer_state=False):
         if isinstance(self.rules, LayoutMapRules):
             placement = self.rules.place(path, shape, self.dims)
         else:
             rule = self.match(path)
-            placement = rule.place(path, shape, self.dims, self._by_path) if rule is not None else None
+            if optimizer_state and rule is not None and not any(fits_rank(x, len(shape)) for x in rule.layouts):
+                reason = f"optimizer state of rank {len(shape)}; rule {rule.pattern!r} lays out weights of higher rank"
+                placement = Placement(path, shape, (None,) * len(shape), "default", reason=reason)
+            else:
+                placement = rule.place(path, shape, self.dims, self._by_path) if rule is not None else None
         if placement is None or placement.source == "default":
             if self.replicate_reason:
                 return Placement(path, shape, (None,) * len(shape), "preset", reason=self.replicate_reason)

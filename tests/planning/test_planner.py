@@ -211,3 +211,17 @@ def test_mixture_of_experts_plans_an_expert_axis():
         assert c.optimizer == int(report.device_bytes("optimizer").max())
     # 4 experts cannot split over 8 devices.
     assert "no weight divides by expert=8" in result.candidate("expert=8").reason
+
+
+def test_adafactors_factored_state_is_planned_as_the_inspector_lays_it_out():
+    """Adafactor's factored moments, named after their weight, are one dimension short of its rule's layouts."""
+    from kdist import zoo
+
+    pytest.importorskip("keras_hub")
+    model = zoo.load_model("tiny-gpt2")
+    result = kdist.plan(model, 8, batch_size=8, sequence_length=16, optimizer="adafactor")
+    for c in result.candidates:
+        report = kdist.inspect(model, kdist.preset(c.spec), optimizer="adafactor")
+        assert c.optimizer == int(report.device_bytes("optimizer").max()), c.spec
+    factored = [v for v in report.variables if v.kind == "optimizer" and v.path.endswith("/embeddings")]
+    assert factored and all("optimizer state of rank 1" in v.reason for v in factored)

@@ -1,5 +1,7 @@
 """A training step of tiny keras-hub models under the 2x4 preset matches one device."""
 
+import contextlib
+
 import jax
 import keras
 import numpy as np
@@ -88,3 +90,25 @@ def test_llama_backbone_is_sharded_by_the_llama_rules_without_naming_them():
     assert specs["token_embedding/reverse_embeddings"] == (None, "model")
     placement = keras.distribution.distribution().placements["transformer_layer_0/self_attention/query/kernel"]
     assert "llama" in placement.rule.families and placement.source == "rule"
+
+
+def test_adafactors_factored_state_under_2x4_trains_like_one_device():
+    """Adafactor names its factored moments after their weight, one dimension short of the rules' layouts."""
+    inputs, labels = TOKENS, IDS[:, 1:] % 4
+
+    def fit(distribution):
+        keras.utils.set_random_seed(0)
+        with distribution.scope() if distribution else contextlib.nullcontext():
+            backbone = TINY["gpt2"](num_layers=1)
+            model = keras.Model(backbone.input, keras.layers.Dense(4)(backbone.output))
+            model.compile(optimizer=keras.optimizers.Adafactor(), loss="sparse_categorical_crossentropy")
+            losses = model.fit(inputs, labels, batch_size=2, epochs=2, verbose=0).history["loss"]
+        return losses, model
+
+    expected, _ = fit(None)
+    distribution = kdist.preset("2x4")
+    losses, model = fit(distribution)
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    factored = distribution.placements[f"{model.optimizer.name}/embeddings"]
+    assert factored.axes == (None,) and "optimizer state of rank 1" in factored.reason
+    assert any("model" in tuple(v.value.sharding.spec) for v in model.optimizer.variables)  # slots follow weights

@@ -96,3 +96,12 @@ def test_save_rules_refuses_a_directory_and_leaves_it(tmp_path):
 
 def test_a_missing_rules_file_is_named(tmp_path):
     raises_clearly(lambda: load_rules(tmp_path / "none.toml"), RuleError, "Cannot read rules file", "none.toml")
+
+
+def test_an_optimizers_own_state_of_lower_rank_is_replicated_saying_why_where_a_weight_is_refused():
+    placer = Placer(RuleSet([("(.*/)?embeddings", (None, "model"))]), DIMS)
+    raises_clearly(lambda: placer.place("adafactor/embeddings", (256,)), RuleError, "rank 1")
+    placement = placer.place("adafactor/embeddings", (256,), optimizer_state=True)
+    assert placement.axes == (None,) and placement.source == "default"
+    assert "optimizer state of rank 1" in placement.reason and "'(.*/)?embeddings'" in placement.reason
+    assert placer.place("token/embeddings", (256, 64), optimizer_state=True).axes == (None, "model")
