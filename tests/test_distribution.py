@@ -179,3 +179,23 @@ def test_an_eager_call_under_fsdp_takes_a_batch_the_shards_do_not_divide():
     with dist.scope():
         out = model(X[:2])
     np.testing.assert_allclose(np.asarray(out), np.asarray(reference(X[:2])), rtol=1e-5, atol=1e-6)
+
+
+def test_adafactors_own_state_under_rules_for_its_weights_trains_like_one_device():
+    """Adafactor makes a scalar named 'bias' for each bias, outside its name scope: a bias rule must not refuse it."""
+    rules = kdist.RuleSet([("(.*/)?bias", ("model",)), ("(.*/)?kernel", (None, "model"))])
+
+    def fit(dist):
+        keras.utils.set_random_seed(0)
+        with _under(dist):
+            model = mnist_mlp()
+            optimizer = keras.optimizers.Adafactor(learning_rate=0.01)
+            model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+            return model.fit(X[:8], Y[:8], batch_size=8, epochs=2, verbose=0).history["loss"]
+
+    expected = fit(None)
+    dist = kdist.preset("2x4", rules=rules)
+    np.testing.assert_allclose(fit(dist), expected, rtol=1e-5)
+    placeholder = dist.placements["bias"]  # rank 0, matched by the bias rule
+    assert placeholder.axes == () and "optimizer state of rank 0" in placeholder.reason
+    assert dist.placements["mlp/d1/bias"].axes == ("model",)

@@ -111,9 +111,16 @@ def own_layout(variable):
 
 
 def made_by_optimizer():
-    """Whether the variable being created now is an optimizer's own: a Keras name scope opened by an optimizer."""
-    scopes = global_state.get_global_attribute("name_scope_stack", [])
-    return any(isinstance(getattr(scope, "caller", None), keras.optimizers.Optimizer) for scope in scopes)
+    """Whether the variable being created now is an optimizer's own: a method of an optimizer is on the stack.
+
+    Not its name scope: Adafactor makes its scalar placeholders outside it, with the bare name of their weight.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), keras.optimizers.Optimizer):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def set_array(variable, layout, value):
