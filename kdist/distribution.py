@@ -235,7 +235,8 @@ class ShardedDistribution(ModelParallel):
                 reason="the variable carried its own layout",
             )
             return layout
-        placement = self.placer.place(variable.path, variable.shape, optimizer_state=made_by_optimizer())
+        own_state = getattr(variable, "optimizer_state", False) is True or made_by_optimizer()  # see resharding
+        placement = self.placer.place(variable.path, variable.shape, optimizer_state=own_state)
         self.placements[variable.path] = placement
         return MultiAxisLayout(placement.axes, self.device_mesh)
 

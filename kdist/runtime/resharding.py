@@ -292,9 +292,9 @@ def _target_layouts(entries, distribution):
     layouts = {}
     by_id = {id(v): v for v, _ in entries}
     references = _slot_references(entries)
-    for v, _ in entries:
+    for v, kind in entries:
         if id(v) not in references:
-            layout = distribution.get_variable_layout(_Unplaced(v))
+            layout = distribution.get_variable_layout(_Unplaced(v, kind == "optimizer"))
             if layout is None:
                 raise ReshardError(
                     f"{type(distribution).__name__}.get_variable_layout gave no layout for variable {v.path!r}; "
@@ -314,12 +314,17 @@ def _slot_references(entries):
 
 
 class _Unplaced:
-    """A view of a variable without its layout, so a distribution decides afresh."""
+    """A view of a variable without its layout, so a distribution decides afresh.
+
+    `optimizer_state`: an optimizer's own variable (kdist's distributions
+    read it; while resharding, no optimizer method is on the stack to say so).
+    """
 
     _layout = None
 
-    def __init__(self, variable):
+    def __init__(self, variable, optimizer_state=False):
         self._variable = variable
+        self.optimizer_state = optimizer_state
 
     def __getattr__(self, name):
         return getattr(self._variable, name)

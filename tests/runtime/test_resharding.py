@@ -106,6 +106,24 @@ def test_cycle_of_meshes_is_bitwise_lossless(data):
     assert counts["2x4"] > 0 and counts["1x8"] > 0 and counts["fsdp"] > 0
 
 
+def test_adafactors_own_state_reshards_bitwise_under_rules_for_its_weights(data):
+    """Adafactor's factored moments ('adafactor/kernel', one dimension short) match the weights' rules."""
+    rules = kdist.RuleSet([("(.*/)?bias", ("model",)), ("(.*/)?kernel", (None, "model"))])
+    keras.distribution.set_distribution(kdist.preset("2x4", rules=rules))
+    keras.utils.set_random_seed(0)
+    model = build()
+    model.compile(optimizer=keras.optimizers.Adafactor(), loss=keras.losses.SparseCategoricalCrossentropy(True))
+    x, y = data
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=0)
+    before = snapshot(model)
+    result = kdist.reshard(model, kdist.preset("4x2", rules=rules))
+    assert result.count > 0
+    for key, v in state(model).items():
+        np.testing.assert_array_equal(np.asarray(v.value), before[key], err_msg=v.path)
+    factored = [v for v in result.variables if v.path == f"{model.optimizer.name}/kernel"]
+    assert factored and all(v.target == (None,) for v in factored)
+
+
 def test_optimizer_slots_follow_their_weight_and_scalars_stay_replicated(data):
     model = trained("8x1", data)
     result = kdist.reshard(model, "1x8")
