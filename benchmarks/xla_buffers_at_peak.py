@@ -155,8 +155,8 @@ def main():
         start = time.perf_counter()
         result = kdist.plan(build, args.devices, **common, verify=[spec], verify_target="H100")
         candidate = next(c for c in result.candidates if c.compiled)
-        xla = xla_peak(newest_dump())
-        scheduler = latency_hiding_scheduler(newest_dump())
+        dump = newest_dump()
+        xla, scheduler = xla_peak(dump), latency_hiding_scheduler(dump)
         terms = candidate.to_dict()["bytes"]
         state = terms["weights"] + terms["optimizer"]
         rows.append(
