@@ -1,7 +1,14 @@
+import os
+
 import pytest
 
-import kdist
-from kdist.zoo import tiny_entries
+from tests.subprocess_utils import SUITE_XLA_FLAGS
+
+# Before kdist starts JAX, which reads XLA_FLAGS once: the suite's flags for every program it compiles.
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SUITE_XLA_FLAGS}".strip()
+
+import kdist  # noqa: E402
+from kdist.zoo import tiny_entries  # noqa: E402
 
 pytest_plugins = ["kdist.pytest_plugin"]
 

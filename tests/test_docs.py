@@ -27,7 +27,7 @@ import tomllib
 
 import pytest
 
-from tests.subprocess_utils import _INHERITED, compilation_cache_env
+from tests.subprocess_utils import clean_env, compilation_cache_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -67,7 +67,7 @@ def save_scripts(path, directory):
 
 
 def _env(cache):
-    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    env = clean_env()
     env.update({"KDIST_FAKE_DEVICES": "8", "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0", "COLUMNS": "100"})
     env.update(compilation_cache_env(cache))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])

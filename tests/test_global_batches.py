@@ -26,6 +26,7 @@ import kdist
 from kdist.cluster.launcher import is_gloo_noise
 from kdist.global_batches import check_same_in_every_process, gather_outputs
 from tests.launch_scripts import numpy_inputs
+from tests.subprocess_utils import clean_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "launch_scripts"
@@ -89,7 +90,7 @@ def test_the_readme_example_trains_as_two_processes_with_the_losses_of_one(readm
 
 @pytest.mark.skipif(MPIRUN is None, reason="Open MPI's mpirun is not installed")
 def test_the_readme_example_under_mpirun_has_the_losses_of_one_process(readme_alone, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "KDIST_FAKE_DEVICES")}
+    env = clean_env()
     env.update(KDIST_FAKE_DEVICES="4", PYTHONPATH=str(ROOT))  # the example's own kdist.initialize() joins the job
     # Each rank's output in a file of its own: on mpirun's merged stdout the ranks' lines can interleave.
     outputs = tmp_path / "ranks"

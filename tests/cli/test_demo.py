@@ -1,13 +1,12 @@
-import os
 import subprocess
 import sys
 
-from tests.subprocess_utils import _INHERITED
+from tests.subprocess_utils import clean_env
 
 
 def _python(*argv, timeout=300):
     """`python ARGV` in a fresh process, without this process's device settings, at 120 columns."""
-    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    env = clean_env()
     env["COLUMNS"] = "120"
     return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=timeout)
 

@@ -1,6 +1,5 @@
 """`kdist launch`: rank-prefixed output, and Ctrl-C stopping every process and its children."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -8,7 +7,7 @@ import time
 
 from kdist.cli import main
 from tests.cluster.test_launcher import _alive
-from tests.subprocess_utils import _INHERITED
+from tests.subprocess_utils import clean_env
 
 
 def test_cli_prefixes_output_and_sigint_stops_every_process_and_grandchild():
@@ -16,7 +15,7 @@ def test_cli_prefixes_output_and_sigint_stops_every_process_and_grandchild():
         "import os, subprocess, time; g = subprocess.Popen(['sleep', '600']); "
         "print('ready', os.getpid(), g.pid, os.environ['KERAS_DISTRIBUTION_PROCESS_ID'], flush=True); time.sleep(600)"
     )
-    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    env = clean_env()
     launcher = subprocess.Popen(
         [sys.executable, "-m", "kdist.cli", "launch", "-n", "2", "--", sys.executable, "-c", child],
         stdout=subprocess.PIPE,

@@ -1,18 +1,17 @@
 """Quiet by default: commands start without TensorFlow's start-up lines, and importing kdist prints nothing."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.subprocess_utils import _INHERITED
+from tests.subprocess_utils import clean_env
 
 NOISE = ("oneDNN", "absl::InitializeLog", "cuda_", "TF_ENABLE_ONEDNN_OPTS", "computation_placer")
 
 
 def _clean_env():
-    env = {k: v for k, v in os.environ.items() if k not in _INHERITED and not k.startswith("TF_")}
+    env = {k: v for k, v in clean_env().items() if not k.startswith("TF_")}
     env["COLUMNS"] = "100"
     return env
 

@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.subprocess_utils import _INHERITED
+from tests.subprocess_utils import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "launch_scripts"
@@ -38,7 +38,7 @@ class EngineRun:
 
 def engine_env(devices_per_process, extra=None):
     """The tasks' environment: this checkout's kdist, `devices_per_process` fake CPU devices, a quiet TensorFlow."""
-    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    env = clean_env()
     for name in list(env):
         if (
             name.startswith(("KERAS_DISTRIBUTION_", "OMPI_", "PMIX_", "PMI_", "SLURM_", "KDIST_"))
