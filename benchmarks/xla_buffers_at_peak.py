@@ -18,8 +18,9 @@ Run: JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt2 --d
      JAX_PLATFORMS=cpu XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true \
          python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 8 --meshes "data=8;fsdp=8"
 Appends to benchmarks/results/xla_buffers_at_peak.json (one entry per model, device count, batch and
-XLA_FLAGS; each entry also says whether XLA's latency-hiding scheduler ran, read from the dump: off by
-default in jax 0.10.2's compile).
+XLA_FLAGS; each entry also stores, as `latency_hiding_scheduler`, the module config's
+xla_gpu_enable_latency_hiding_scheduler: false by default in jax 0.10.2's compile, yet the scheduler runs
+either way, see benchmarks/xla_scheduler_memory.py).
 The dump folder this script makes is removed at the end.
 """
 
@@ -46,7 +47,7 @@ SUFFIX = "gpu_after_optimizations"
 
 
 def latency_hiding_scheduler(prefix):
-    """Whether XLA ran its latency-hiding scheduler on the module dumped at `prefix` (its config says)."""
+    """The module config's xla_gpu_enable_latency_hiding_scheduler (not whether the scheduler ran: it runs anyway)."""
     module = ".".join(Path(prefix).name.split(".")[:2])  # module_0001.jit_train_step
     config = (Path(prefix).parent / f"{module}.config.pbtxt").read_text()
     return re.search(r"xla_gpu_enable_latency_hiding_scheduler: (\w+)", config).group(1) == "true"
