@@ -74,12 +74,15 @@ def measure(model, devices, batch, mesh, slop_factor):
         devices=devices,
         slop_factor=slop_factor,
         memory_scheduler=chosen[-1] if chosen else None,
-        lhs_ran=bool(pressure),
         pressure_before_lhs=pressure[0] if pressure else None,
         pressure_after_lhs=pressure[-1] if pressure else None,
         lhs_limit=int(limits[-1][1]) if limits else None,
     )
     return row
+
+
+def _mb(value):
+    return f"{value / 1e6:7.1f}" if value is not None else "    n/a"
 
 
 def main():
@@ -93,12 +96,11 @@ def main():
     saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"rows": []}
     for mesh in [m for m in args.meshes.split(";") if m]:
         row = measure(args.model, args.devices, args.batch, mesh, args.slop_factor)
-        mb = lambda v: f"{v / 1e6:7.1f}" if v is not None else "    n/a"  # noqa: E731
         print(
-            f"{row['config'][:36]:36} {row['mesh']:16} estimate {mb(row['estimate'])} MB"
-            f" | XLA {mb(row['xla_gpu_deviceless'])} MB"
-            f" | LHS pressure {mb(row['pressure_before_lhs'])} -> {mb(row['pressure_after_lhs'])} MB"
-            f" (limit {mb(row['lhs_limit'])} MB; memory scheduler: {row['memory_scheduler']})",
+            f"{row['config'][:36]:36} {row['mesh']:16} estimate {_mb(row['estimate'])} MB"
+            f" | XLA {_mb(row['xla_gpu_deviceless'])} MB"
+            f" | LHS pressure {_mb(row['pressure_before_lhs'])} -> {_mb(row['pressure_after_lhs'])} MB"
+            f" (limit {_mb(row['lhs_limit'])} MB; memory scheduler: {row['memory_scheduler']})",
             flush=True,
         )
         key = ("config", "devices", "batch", "mesh", "slop_factor")
