@@ -25,7 +25,7 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 
-from planner_vs_deviceless_sharded import CONFIGS  # noqa: E402
+from planner_vs_deviceless_sharded import CONFIGS, PLAN_OPTIONS, VERIFY_TARGET  # noqa: E402
 
 MESHES = ["data=2,fsdp=2,model=2", "fsdp=4,model=2", "fsdp=2,model=4"]
 # The Llama, GPT-2 and BERT of planner_vs_deviceless_sharded.py (this folder is the script's sys.path[0]).
@@ -74,10 +74,9 @@ def main():
                 8,
                 batch_size=32,
                 sequence_length=512,
-                target="H100",
-                attention="materialized",
+                **PLAN_OPTIONS,
                 verify=MESHES,
-                verify_target="H100",
+                verify_target=VERIFY_TARGET,
             )
         finally:
             Placer._fsdp = original

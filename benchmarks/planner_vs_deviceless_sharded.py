@@ -32,6 +32,10 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 
 DEVICES = 8
+# How every deviceless benchmark plans and compiles: H100s, attention materialized (deviceless XLA cannot take
+# cuDNN's flash attention), and the compile for the same H100s (verify_target).
+PLAN_OPTIONS = dict(target="H100", attention="materialized")
+VERIFY_TARGET = "H100"
 CONFIGS = [
     (
         "llama h512 4 layers v8192 b32 s512",
@@ -101,6 +105,11 @@ CONFIGS = [
 ]
 
 
+def config_named(model):
+    """The CONFIGS entry whose label starts with `model` (e.g. "gpt2")."""
+    return next(c for c in CONFIGS if c[0].split()[0] == model)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices", type=int, default=DEVICES)
@@ -135,10 +144,9 @@ def main():
             devices,
             batch_size=batch,
             sequence_length=sequence,
-            target="H100",
-            attention="materialized",
+            **PLAN_OPTIONS,
             verify=not args.reestimate,
-            verify_target=None if args.reestimate else "H100",
+            verify_target=None if args.reestimate else VERIFY_TARGET,
         )
         for c in result.candidates:
             if args.reestimate:

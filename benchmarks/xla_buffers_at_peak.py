@@ -40,7 +40,7 @@ XLA_FLAGS = os.environ.get("XLA_FLAGS", "")  # the caller's, recorded with the r
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 os.environ["XLA_FLAGS"] = f"{XLA_FLAGS} --xla_dump_to={DUMP}".strip()
 
-from planner_vs_deviceless_sharded import CONFIGS  # noqa: E402  (after XLA_FLAGS: jax reads them once)
+from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, config_named  # noqa: E402  (after XLA_FLAGS: jax reads them once)
 
 RESULTS = Path(__file__).parent / "results" / "xla_buffers_at_peak.json"
 SUFFIX = "gpu_after_optimizations"
@@ -144,17 +144,17 @@ def main():
 
     keras_hub = importlib.import_module("keras_hub")
     kdist.fake_devices(args.devices)
-    label, cls, config, batch, sequence = next(c for c in CONFIGS if c[0].split()[0] == args.model)
+    label, cls, config, batch, sequence = config_named(args.model)
     batch = args.batch or batch
     build = lambda: getattr(keras_hub.models, cls)(**config)  # noqa: E731
-    common = dict(batch_size=batch, sequence_length=sequence, target="H100", attention="materialized")
+    common = dict(batch_size=batch, sequence_length=sequence, **PLAN_OPTIONS)
     specs = [s for s in args.meshes.split(";") if s] or [
         c.spec for c in kdist.plan(build, args.devices, **common).candidates if c.valid
     ]
     rows = []
     for spec in specs:
         start = time.perf_counter()
-        result = kdist.plan(build, args.devices, **common, verify=[spec], verify_target="H100")
+        result = kdist.plan(build, args.devices, **common, verify=[spec], verify_target=VERIFY_TARGET)
         candidate = next(c for c in result.candidates if c.compiled)
         dump = newest_dump()
         xla, scheduler = xla_peak(dump), latency_hiding_scheduler(dump)

@@ -36,11 +36,11 @@ import kdist
 kdist.fake_devices({devices})
 import keras_hub
 from kdist.machine import machine_info
-from planner_vs_deviceless_sharded import CONFIGS
-label, cls, config, batch, sequence = next(c for c in CONFIGS if c[0].split()[0] == {model!r})
+from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, config_named
+label, cls, config, batch, sequence = config_named({model!r})
 build = lambda: getattr(keras_hub.models, cls)(**config)
-result = kdist.plan(build, {devices}, batch_size={batch} or batch, sequence_length=sequence, target="H100",
-                    attention="materialized", verify=[{mesh!r}], verify_target="H100")
+result = kdist.plan(build, {devices}, batch_size={batch} or batch, sequence_length=sequence, **PLAN_OPTIONS,
+                    verify=[{mesh!r}], verify_target=VERIFY_TARGET)
 c = next(c for c in result.candidates if c.compiled)
 row = {{"target": "H100 (deviceless XLA:GPU)", "config": label, "batch": {batch} or batch, "mesh": c.spec,
        "estimate": c.peak, "xla_gpu_deviceless": c.compiled["peak"], "machine": machine_info()}}
