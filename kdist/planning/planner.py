@@ -11,13 +11,14 @@ inputs, and puts XLA's memory analysis beside the estimate. See docs/plan.md
 for the memory model and its calibration.
 """
 
+import math
 import time
 
 from kdist.checks import MAX_DEVICES, non_negative_number, one_of, positive_int, shown
 from kdist.errors import PlanError
 from kdist.meshes.enumerate import meshes
 from kdist.planning.attention import ATTENTION
-from kdist.planning.calibration import BANDS
+from kdist.planning.calibration import BANDS, LHS_HIGH, LHS_RESULTS
 from kdist.planning.candidates import evaluate
 from kdist.planning.deviceless import COMPILER_OPTIONS, gpu_devices
 from kdist.planning.facts import ModelFacts, check_dtype
@@ -203,6 +204,12 @@ def _band_notes(facts, candidates):
         notes.append(
             f"band: the truth fell within these of the estimate on configs like each mesh (H100, measured or "
             f"XLA:GPU's figure; kdist.planning.calibration.BANDS): {spreads}"
+        )
+    if any(math.prod(c.axes.values()) > 1 for c in candidates if c.band):
+        notes.append(
+            f"band: with collectives XLA:GPU's latency-hiding scheduler spends free memory to overlap them, up to "
+            f"{LHS_HIGH - 1:+.0%} over the order the estimate follows on the meshes of {LHS_RESULTS} (inside the "
+            "bands); it adds only while under 95% of the device's memory (docs/plan.md)"
         )
     for why in sorted({c.band_why for c in candidates if c.band_why}):
         notes.append(f"band: {why}")

@@ -12,6 +12,8 @@ from kdist.planning.calibration import (
     BANDS,
     DEVICELESS_RESULTS,
     GPU_RESULTS,
+    LHS_HIGH,
+    LHS_RESULTS,
     SHARDED_64_RESULTS,
     SHARDED_RESULTS,
     band_class,
@@ -52,6 +54,24 @@ def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward():
     band = next(b for b in BANDS if (b.mesh, b.family) == ("single", "transformer"))
     assert band.low == pytest.approx(int(min(ratios) * 100) / 100)
     assert band.high == pytest.approx(-(-max(ratios) * 100 // 1) / 100)
+
+
+def test_the_latency_hiding_schedulers_share_is_the_most_it_added_on_the_stored_meshes_rounded_up():
+    rows = [r for r in json.loads((ROOT / LHS_RESULTS).read_text())["rows"] if r["slop_factor"] is None]
+    assert len(rows) >= 50
+    ratios = [
+        r["xla_gpu_deviceless"] / (r["xla_gpu_deviceless"] - (r["pressure_after_lhs"] - r["pressure_before_lhs"]))
+        for r in rows
+    ]
+    assert LHS_HIGH == pytest.approx(-(-max(ratios) * 100 // 1) / 100)
+
+
+def test_a_plan_says_what_the_latency_hiding_scheduler_adds_when_a_mesh_has_collectives():
+    model = kdist.abstract_model(tiny_transformer)
+    lhs = f"up to {LHS_HIGH - 1:+.0%} over the order the estimate follows"
+    assert any(lhs in note for note in kdist.plan(model, 8, batch_size=16).notes)
+    assert not any(lhs in note for note in kdist.plan(model, 1, batch_size=16).notes)
+    assert not any(lhs in note for note in kdist.plan(model, 8, batch_size=16, target="cpu").notes)
 
 
 def test_the_band_table_of_docs_plan_md_is_bands():
