@@ -40,7 +40,8 @@ XLA_FLAGS = os.environ.get("XLA_FLAGS", "")  # the caller's, recorded with the r
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 os.environ["XLA_FLAGS"] = f"{XLA_FLAGS} --xla_dump_to={DUMP}".strip()
 
-from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, config_named  # noqa: E402  (after XLA_FLAGS: jax reads them once)
+# After XLA_FLAGS: jax reads them once.
+from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, config_named  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "xla_buffers_at_peak.json"
 SUFFIX = "gpu_after_optimizations"

@@ -11,7 +11,6 @@ inputs, and puts XLA's memory analysis beside the estimate. See docs/plan.md
 for the memory model and its calibration.
 """
 
-import math
 import time
 
 from kdist.checks import MAX_DEVICES, non_negative_number, one_of, positive_int, shown
@@ -154,7 +153,7 @@ def plan(
         bandwidth,
         latency,
         candidates,
-        notes=_notes(facts) + _band_notes(facts, candidates) + list(facts.notes),
+        notes=_notes(facts) + _band_notes(facts, devices, candidates) + list(facts.notes),
         rules=rules,
         target=target.name,
         memory_source=source if memory is not None else "",
@@ -192,7 +191,7 @@ def _notes(facts):
     return notes
 
 
-def _band_notes(facts, candidates):
+def _band_notes(facts, devices, candidates):
     """Which class of calibration configs each band comes from, and why some are wider or absent."""
     if not facts.target.calibrated:
         return []
@@ -205,7 +204,7 @@ def _band_notes(facts, candidates):
             f"band: the truth fell within these of the estimate on configs like each mesh (H100, measured or "
             f"XLA:GPU's figure; kdist.planning.calibration.BANDS): {spreads}"
         )
-    if any(math.prod(c.axes.values()) > 1 for c in candidates if c.band):
+    if devices > 1 and any(c.band for c in candidates):
         notes.append(
             f"band: with collectives XLA:GPU's latency-hiding scheduler spends free memory to overlap them, up to "
             f"{LHS_HIGH - 1:+.0%} over the order the estimate follows on the meshes of {LHS_RESULTS} (inside the "
