@@ -18,7 +18,8 @@ Run: JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt2 --d
      JAX_PLATFORMS=cpu XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true \
          python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 8 --meshes "data=8;fsdp=8"
 Appends to benchmarks/results/xla_buffers_at_peak.json (one entry per model, device count, batch and
-XLA_FLAGS; each entry also stores, as `latency_hiding_scheduler`, the module config's
+XLA_FLAGS; a rerun replaces the rows of the meshes it compiles and keeps the others, each with the date of
+the run that took it as `taken`; each entry also stores, as `latency_hiding_scheduler`, the module config's
 xla_gpu_enable_latency_hiding_scheduler: false by default in jax 0.10.2's compile, yet the scheduler runs
 either way, see benchmarks/xla_scheduler_memory.py).
 The dump folder this script makes is removed at the end.
@@ -182,8 +183,14 @@ def main():
         )
     saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": []}
     key = {"config": label, "devices": args.devices, "batch": batch, "xla_flags": XLA_FLAGS}
-    saved["runs"] = [r for r in saved["runs"] if {k: r.get(k, "") for k in key} != key]
-    saved["runs"].append({**key, "latency_hiding_scheduler": scheduler, "machine": machine_info(), "rows": rows})
+    # An earlier run with the same key keeps its rows of the meshes this run did not compile, each with its date.
+    earlier = next((r for r in saved["runs"] if {k: r.get(k, "") for k in key} == key), None)
+    kept = []
+    if earlier is not None:
+        saved["runs"].remove(earlier)
+        run = {row["mesh"] for row in rows}
+        kept = [{"taken": earlier["machine"]["date"], **row} for row in earlier["rows"] if row["mesh"] not in run]
+    saved["runs"].append({**key, "latency_hiding_scheduler": scheduler, "machine": machine_info(), "rows": kept + rows})
     RESULTS.write_text(json.dumps(saved, indent=1) + "\n")
     print(f"wrote {RESULTS}")
     shutil.rmtree(DUMP)
