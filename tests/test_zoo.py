@@ -1,5 +1,6 @@
 """The model zoo: keras-hub entries with published and tiny configs."""
 
+import subprocess
 import sys
 
 import keras
@@ -8,6 +9,7 @@ import pytest
 
 from kdist import zoo
 from kdist.rules import FAMILIES
+from tests.subprocess_utils import clean_env
 
 pytest.importorskip("keras_hub")
 
@@ -42,3 +44,30 @@ def test_missing_keras_hub_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "keras_hub", None)  # makes `import keras_hub` fail
     with pytest.raises(ImportError, match=r"pip install --no-deps keras-hub.*kdist\[hub\]"):
         zoo.load_model("tiny-llama")
+
+
+# A program's own run: which modules keras-hub's import brings in is decided once per process.
+LINT_THEN_TENSORFLOW = """
+import sys
+from kdist.cli.main import main
+assert main(["lint", "tiny-llama3", "--mesh", "2x4"]) == 0
+print("tensorflow after the command:", "tensorflow" in sys.modules)
+import tensorflow as tf
+print("then importable:", hasattr(tf, "data"))
+"""
+LIBRARY = "import sys; from kdist import zoo; zoo.keras_hub(); print('tensorflow:', 'tensorflow' in sys.modules)"
+
+
+def _python(code):
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_the_command_line_builds_keras_hub_models_without_importing_tensorflow():
+    out = _python(LINT_THEN_TENSORFLOW)
+    assert "tensorflow after the command: False" in out and "then importable: True" in out, out
+
+
+def test_as_a_library_keras_hub_imports_as_it_always_does():
+    assert "tensorflow: True" in _python(LIBRARY)  # its tokenizers keep TensorFlow

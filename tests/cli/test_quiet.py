@@ -3,8 +3,6 @@
 import subprocess
 import sys
 
-import pytest
-
 from tests.subprocess_utils import clean_env
 
 NOISE = ("oneDNN", "absl::InitializeLog", "cuda_", "TF_ENABLE_ONEDNN_OPTS", "computation_placer")
@@ -16,13 +14,17 @@ def _clean_env():
     return env
 
 
-def test_a_command_that_loads_tensorflow_prints_none_of_its_start_up_lines():
-    pytest.importorskip("keras_hub")  # keras-hub imports TensorFlow
+def test_a_command_that_loads_tensorflow_prints_none_of_its_start_up_lines(tmp_path):
+    (tmp_path / "tf_model.py").write_text(
+        "import tensorflow  # noqa: F401  (a user's module that imports TensorFlow)\n"
+        "import kdist\n\n\ndef build():\n    return kdist.models.mnist_mlp()\n"
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "kdist", "lint", "tiny-llama3", "--mesh", "2x4"],
+        [sys.executable, "-m", "kdist", "lint", "tf_model:build", "--mesh", "2x4"],
         capture_output=True,
         text=True,
         env=_clean_env(),
+        cwd=tmp_path,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
