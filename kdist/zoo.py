@@ -9,6 +9,7 @@ such an entry is built. Build big ones abstractly (`load_model(name)` does by
 default): no weights are allocated.
 """
 
+import contextlib
 import functools
 import importlib
 import os
@@ -60,17 +61,22 @@ def load_model(name, *, abstract=True):
 _hub_imports_tensorflow = True
 
 
+@contextlib.contextmanager
 def hub_models_only():
-    """This process uses keras-hub's models only: the zoo imports keras-hub without TensorFlow (4 s less).
+    """Within: the zoo imports keras-hub without TensorFlow (4 s less), for code that uses its models only.
 
     Where nothing has imported keras-hub or TensorFlow yet, keras-hub's
     tokenizers and preprocessing layers then run without TensorFlow in this
-    process; its backbones and task models do not need it, and TensorFlow
-    itself stays importable (tf.data). kdist's command line calls this: its
-    commands build models and never tokenize.
+    process, also after the block; its backbones and task models do not need
+    it, and TensorFlow itself stays importable (tf.data). kdist's command line
+    runs its commands within: they build models and never tokenize.
     """
     global _hub_imports_tensorflow
-    _hub_imports_tensorflow = False
+    before, _hub_imports_tensorflow = _hub_imports_tensorflow, False
+    try:
+        yield
+    finally:
+        _hub_imports_tensorflow = before
 
 
 def keras_hub():

@@ -55,7 +55,14 @@ print("tensorflow after the command:", "tensorflow" in sys.modules)
 import tensorflow as tf
 print("then importable:", hasattr(tf, "data"))
 """
-LIBRARY = "import sys; from kdist import zoo; zoo.keras_hub(); print('tensorflow:', 'tensorflow' in sys.modules)"
+LIBRARY = """
+import sys
+from kdist import zoo
+with zoo.hub_models_only():
+    pass
+zoo.keras_hub()
+print("tensorflow:", "tensorflow" in sys.modules)
+"""
 
 
 def _python(code):
@@ -69,5 +76,5 @@ def test_the_command_line_builds_keras_hub_models_without_importing_tensorflow()
     assert "tensorflow after the command: False" in out and "then importable: True" in out, out
 
 
-def test_as_a_library_keras_hub_imports_as_it_always_does():
+def test_as_a_library_and_after_the_block_keras_hub_imports_as_it_always_does():
     assert "tensorflow: True" in _python(LIBRARY)  # its tokenizers keep TensorFlow
