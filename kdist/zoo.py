@@ -81,16 +81,19 @@ def hub_models_only():
 
 def keras_hub():
     """Import keras_hub, or raise a MissingDependencyError that says how to install it."""
-    hide = not _hub_imports_tensorflow and not {"keras_hub", "tensorflow"} & sys.modules.keys()
-    if hide:
+    if not _hub_imports_tensorflow and not {"keras_hub", "tensorflow"} & sys.modules.keys():
         sys.modules["tensorflow"] = None  # `import tensorflow` raises ImportError: keras-hub reads it as absent
+        try:
+            return importlib.import_module("keras_hub")
+        except ImportError:  # a keras-hub that cannot start without TensorFlow: import it whole below
+            for name in [m for m in sys.modules if m.split(".")[0] == "keras_hub"]:
+                del sys.modules[name]
+        finally:
+            del sys.modules["tensorflow"]
     try:
         return importlib.import_module("keras_hub")
     except ImportError as e:
         raise MissingDependencyError(f"{HUB_INSTALL} ({e})") from None
-    finally:
-        if hide and sys.modules.get("tensorflow", 0) is None:
-            del sys.modules["tensorflow"]
 
 
 def hub_backbone(class_name, **config):

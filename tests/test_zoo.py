@@ -1,5 +1,6 @@
 """The model zoo: keras-hub entries with published and tiny configs."""
 
+import os
 import subprocess
 import sys
 
@@ -65,8 +66,21 @@ print("tensorflow:", "tensorflow" in sys.modules)
 """
 
 
-def _python(code):
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=300)
+# A keras-hub that needs TensorFlow to start: the zoo imports it with TensorFlow after all.
+NEEDS_TENSORFLOW = """
+import sys
+from kdist import zoo
+with zoo.hub_models_only():
+    hub = zoo.keras_hub()
+print("tensorflow:", "tensorflow" in sys.modules, hub.TF_VERSION == sys.modules["tensorflow"].__version__)
+"""
+
+
+def _python(code, pythonpath=None):
+    env = clean_env()
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -78,3 +92,9 @@ def test_the_command_line_builds_keras_hub_models_without_importing_tensorflow()
 
 def test_as_a_library_and_after_the_block_keras_hub_imports_as_it_always_does():
     assert "tensorflow: True" in _python(LIBRARY)  # its tokenizers keep TensorFlow
+
+
+def test_a_keras_hub_that_needs_tensorflow_to_start_gets_it(tmp_path):
+    (tmp_path / "keras_hub").mkdir()
+    (tmp_path / "keras_hub" / "__init__.py").write_text("import tensorflow\nTF_VERSION = tensorflow.__version__\n")
+    assert "tensorflow: True True" in _python(NEEDS_TENSORFLOW, pythonpath=tmp_path)
