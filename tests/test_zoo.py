@@ -1,7 +1,6 @@
 """The model zoo: keras-hub entries with published and tiny configs."""
 
 import os
-import subprocess
 import sys
 
 import keras
@@ -10,7 +9,7 @@ import pytest
 
 from kdist import zoo
 from kdist.rules import FAMILIES
-from tests.subprocess_utils import clean_env
+from tests.subprocess_utils import run_python
 
 pytest.importorskip("keras_hub")
 
@@ -76,11 +75,8 @@ print("tensorflow:", "tensorflow" in sys.modules, hub.TF_VERSION == sys.modules[
 """
 
 
-def _python(code, pythonpath=None):
-    env = clean_env()
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+def _python(code, env=None):
+    result = run_python(code, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -97,4 +93,5 @@ def test_as_a_library_and_after_the_block_keras_hub_imports_as_it_always_does():
 def test_a_keras_hub_that_needs_tensorflow_to_start_gets_it(tmp_path):
     (tmp_path / "keras_hub").mkdir()
     (tmp_path / "keras_hub" / "__init__.py").write_text("import tensorflow\nTF_VERSION = tensorflow.__version__\n")
-    assert "tensorflow: True True" in _python(NEEDS_TENSORFLOW, pythonpath=tmp_path)
+    pythonpath = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    assert "tensorflow: True True" in _python(NEEDS_TENSORFLOW, env={"PYTHONPATH": pythonpath})
