@@ -7,8 +7,8 @@ beside 6 x matrix weights x tokens + 12 x layers x batch x sequence^2 x
 hidden), and on 8 devices with the default 100 GB/s and 10 us collectives
 (compute, exposed communication and step time of every mesh, ranked).
 
-These are estimates only: no step time was measured (no GPU was available to
-the session that wrote this); the rows are there to be measured against.
+These are estimates only. step_time_on_gpu.py measures the one-device steps
+on a GPU and sets them beside the estimate; the 8-device rows are unmeasured.
 
 Run: python benchmarks/planner_step_time.py [--truth PATH]
 Writes benchmarks/results/planner_step_time.json.

@@ -1,0 +1,224 @@
+"""Measured against estimated on a real GPU: step time and peak memory of single-device training steps.
+
+Two halves, because the measuring needs the GPU and the estimate does not:
+
+- `--measure` (on a machine with one GPU: jax with its CUDA plugin, keras,
+  keras-hub, kdist on the path) trains each config in a fresh process: built
+  with its weights as the shared gpu-truth measure.py builds it, Adam and
+  sparse cross-entropy under kdist.preset("dp"), inputs placed on the device
+  once; 2 warm-up steps (the first compiles), then `--steps` timed
+  `train_on_batch` calls (each returns the loss as a Python float, so a
+  timed step has finished on the device). It records the median and fastest
+  step, the compile-and-first-step time and `memory_stats()
+  ["peak_bytes_in_use"]`, with the machine. XLA flags as measure.py's
+  (`--xla_gpu_autotune_level=0`, no preallocation), so the peaks compare
+  with the shared file's. Configs run in priority order and no new one
+  starts after `--budget` seconds; each result is saved as it comes.
+- without it (any machine): every stored measurement is planned by this
+  checkout's kdist for the device kind it ran on (`kdist.plan(model, 1,
+  target=...)`), and the estimated step time (compute at the roofline:
+  one device has no communication) and peak are set beside the measured.
+
+The configs: the shared file's (but the one that ran out of memory), the
+single-device configs that `planner_vs_gpu.py --deviceless` compiled without
+a GPU, and its predictions outside the file that change only batch,
+sequence or precision.
+
+Run: python benchmarks/step_time_on_gpu.py --measure [--truth PATH] [--steps N] [--budget S] [LABEL ...]
+     python benchmarks/step_time_on_gpu.py [--truth PATH]
+Writes benchmarks/results/step_time_on_gpu.json.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from planner_vs_gpu import DEVICELESS, PREDICT, TRUTH  # noqa: E402  (a sibling script, not a package)
+
+OUT = Path(__file__).parent / "results" / "step_time_on_gpu.json"
+PLAIN = {"batch_size", "sequence_length", "dtype_policy"}  # the predictions a training run can reproduce as written
+
+
+def configs(truth):
+    """{label: (config, builder overrides)} in priority order: the shared file's, then the other two lists."""
+    shared = {c["name"]: c for c in json.loads(Path(truth).read_text())["configs"]}
+    out = {name: (c, {}) for name, c in shared.items() if isinstance(c.get("measured_peak_bytes"), (int, float))}
+    for label, base, over, builder_over, devices, _ in DEVICELESS:
+        if devices == 1:
+            out[label] = ({**shared[base], **over}, dict(builder_over))
+    for label, base, over in PREDICT:
+        if set(over) <= PLAIN:
+            config = {**shared[base], **over}
+            fixed = shared[base]["sequence_length"] is None and "sequence_length" in over  # a builder argument then
+            out[label] = (config, {"sequence_length": over["sequence_length"]} if fixed else {})
+    return out
+
+
+def batch(model, batch_size, sequence_length):
+    """One batch as measure.py makes it: token ids in [0, 1000), masks of ones, images in [0, 1), int labels."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+
+    def shape(tensor):
+        return [batch_size] + [sequence_length if d is None else d for d in tensor.shape[1:]]
+
+    xs = {}
+    for t in model.inputs:
+        if "int" in str(t.dtype):
+            xs[t.name] = rng.integers(0, 1000, size=shape(t)).astype(str(t.dtype))
+            if "mask" in t.name:
+                xs[t.name] = np.ones(shape(t), dtype=str(t.dtype))
+            if "segment" in t.name:
+                xs[t.name] = np.zeros(shape(t), dtype=str(t.dtype))
+        else:
+            xs[t.name] = rng.random(shape(t), dtype=np.float32)
+    out = model.outputs[0]
+    y = rng.integers(0, int(out.shape[-1]), size=shape(out)[:-1]).astype("int32")
+    return (xs if len(xs) > 1 else next(iter(xs.values()))), y
+
+
+def measure_one(config, builder_over, steps):
+    """Train one config on the local GPU; returns the measured figures."""
+    import jax
+    import keras
+
+    import kdist
+    from kdist.planning.calibration import build_config
+
+    keras.distribution.set_distribution(kdist.preset("dp"))
+    keras.utils.set_random_seed(0)
+    keras.config.set_dtype_policy(config.get("dtype_policy", "float32"))
+    model = build_config(config, abstract=False, **builder_over)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = jax.device_put(batch(model, config["batch_size"], config["sequence_length"]))
+    start = time.perf_counter()
+    model.train_on_batch(x, y)
+    first = time.perf_counter() - start
+    model.train_on_batch(x, y)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        loss = model.train_on_batch(x, y)
+        times.append(time.perf_counter() - start)
+    stats = jax.devices()[0].memory_stats() or {}
+    return {
+        "step_seconds_median": statistics.median(times),
+        "step_seconds_min": min(times),
+        "steps_timed": steps,
+        "compile_and_first_step_seconds": round(first, 2),
+        "measured_peak_bytes": stats.get("peak_bytes_in_use"),
+        "bytes_limit": stats.get("bytes_limit"),
+        "last_loss": float(loss if not isinstance(loss, list) else loss[0]),
+        "device_kind": jax.devices()[0].device_kind,
+    }
+
+
+def measure(args, known):
+    """Measure each config in a fresh process; the run is added to the results file, row by row."""
+    from kdist.machine import machine_info
+
+    env = dict(
+        os.environ,
+        XLA_PYTHON_CLIENT_PREALLOCATE="false",
+        XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip(),
+    )
+    results = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
+    run = {"machine": machine_info(), "xla_flags": env["XLA_FLAGS"], "steps_timed": args.steps, "rows": []}
+    results["runs"].append(run)
+    began = time.perf_counter()
+    for label in args.labels or list(known):
+        if time.perf_counter() - began > args.budget:
+            print(f"budget of {args.budget} s spent: {label} and later not measured", flush=True)
+            break
+        command = [sys.executable, __file__, "--one", label, "--truth", args.truth, "--steps", str(args.steps)]
+        try:
+            child = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
+            lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
+            row = json.loads(lines[-1][7:]) if lines else {"error": (child.stderr or child.stdout)[-600:]}
+        except subprocess.TimeoutExpired:
+            row = {"error": f"timed out after {args.timeout} s"}
+        run["rows"].append({"config": label, **row})
+        print(json.dumps(run["rows"][-1]), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def estimate(args, known):
+    """Set this checkout's estimate beside every stored measurement, print the table and save it."""
+    import kdist
+    from kdist.planning.calibration import build_config
+
+    results = json.loads(args.out.read_text())
+    plans = {}
+    for run in results["runs"]:
+        machine = run["machine"]
+        print(f"\n{machine['device_kind']}, {machine['date']}, XLA_FLAGS={run['xla_flags']!r}; estimates by this kdist")
+        print(f"{'config':46} {'step ms':>8} {'est ms':>7} {'ratio':>6} {'peak GB':>8} {'est GB':>7} {'ratio':>6}")
+        kind = next((k for k in ("H100", "H200") if k in machine["device_kind"]), None)
+        for row in run["rows"]:
+            if "error" in row:
+                print(f"{row['config']:46} not measured: {row['error'].splitlines()[-1][:60]}")
+                continue
+            config, builder_over = known[row["config"]]
+            if (row["config"], kind) not in plans:
+                plans[row["config"], kind] = kdist.plan(
+                    build_config(config, **builder_over),
+                    1,
+                    batch_size=config["batch_size"],
+                    sequence_length=config["sequence_length"],
+                    target=kind,
+                )
+            plan = plans[row["config"], kind]
+            best = plan.candidates[0]
+            row["estimate"] = {
+                "target": kind,
+                "step_seconds": best.step_seconds,
+                "flops": best.flops,
+                "hbm_bytes": best.hbm_bytes,
+                "peak_bytes": best.peak,
+                "fits": best.fits,
+                "attention": plan.attention,
+            }
+            row["measured_over_estimated_step"] = round(row["step_seconds_median"] / best.step_seconds, 3)
+            row["estimated_over_measured_peak"] = round(best.peak / row["measured_peak_bytes"], 3)
+            print(
+                f"{row['config']:46} {row['step_seconds_median'] * 1e3:8.1f} {best.step_seconds * 1e3:7.1f} "
+                f"{row['measured_over_estimated_step']:6.2f} {row['measured_peak_bytes'] / 1e9:8.2f} "
+                f"{best.peak / 1e9:7.2f} {row['estimated_over_measured_peak']:6.3f}"
+            )
+    results["estimated_by"] = {"kdist": kdist.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("labels", nargs="*", help="configs to measure (default: all, in priority order)")
+    parser.add_argument("--truth", default=TRUTH)
+    parser.add_argument("--measure", action="store_true", help="train on this machine's GPU and time it")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--budget", type=float, default=400, help="seconds after which no new config starts")
+    parser.add_argument("--timeout", type=float, default=180, help="seconds one config may take")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--xla-flags", default="--xla_gpu_autotune_level=0", help="added to XLA_FLAGS (measure.py's)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    known = configs(args.truth)
+    if args.one:
+        os.environ.setdefault("KERAS_BACKEND", "jax")
+        print("RESULT " + json.dumps(measure_one(*known[args.one], args.steps)), flush=True)
+    elif args.measure:
+        measure(args, known)
+    else:
+        estimate(args, known)
+
+
+if __name__ == "__main__":
+    main()
