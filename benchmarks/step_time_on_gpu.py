@@ -10,10 +10,12 @@ Two halves, because the measuring needs the GPU and the estimate does not:
   `train_on_batch` calls (each returns the loss as a Python float, so a
   timed step has finished on the device). It records the median and fastest
   step, the compile-and-first-step time and `memory_stats()
-  ["peak_bytes_in_use"]`, with the machine. XLA flags as measure.py's
-  (`--xla_gpu_autotune_level=0`, no preallocation), so the peaks compare
-  with the shared file's. Configs run in priority order and no new one
-  starts after `--budget` seconds; each result is saved as it comes.
+  ["peak_bytes_in_use"]`, with the machine, no preallocation. XLA_FLAGS
+  gets measure.py's `--xla_gpu_autotune_level=0` (peaks comparable with the
+  shared file's; steps 8-156x slower) unless `--xla-flags` says otherwise:
+  `--xla-flags ""` runs XLA's defaults, what a user gets. Each run is added
+  to the results file; configs run in priority order, no new one starts
+  after `--budget` seconds, and each result is saved as it comes.
 - without it (any machine): every stored measurement is planned by this
   checkout's kdist for the device kind it ran on (`kdist.plan(model, 1,
   target=...)`), and the estimated step time (compute at the roofline:
@@ -24,7 +26,7 @@ single-device configs that `planner_vs_gpu.py --deviceless` compiled without
 a GPU, and its predictions outside the file that change only batch,
 sequence or precision.
 
-Run: python benchmarks/step_time_on_gpu.py --measure [--truth PATH] [--steps N] [--budget S] [LABEL ...]
+Run: python benchmarks/step_time_on_gpu.py --measure [--xla-flags F] [--truth PATH] [--steps N] [--budget S] [LABEL ...]
      python benchmarks/step_time_on_gpu.py [--truth PATH]
 Writes benchmarks/results/step_time_on_gpu.json.
 """
