@@ -41,6 +41,7 @@ from kdist.machine import machine_info  # noqa: E402  (after the platform is cho
 
 TRUTH = "/work/shared/gpu-truth/h100.json"
 LIMIT = 63763906560  # JAX's default bytes_limit on the measured H100
+PLAIN = ("batch_size", "sequence_length", "dtype_policy")  # PREDICT's overrides of the config; the rest are options
 PREDICT = [  # (label, base config, overrides): not in the file
     ("llama-1b b2 s1024", "llama-1b-b8s1024", dict(batch_size=2)),
     ("llama-1b b16 s1024", "llama-1b-b8s1024", dict(batch_size=16)),
@@ -169,6 +170,16 @@ def _machine():
     return info
 
 
+def prediction_config(base, over):
+    """(config, builder overrides) of a PREDICT row: its batch, sequence and precision over the base config's.
+
+    A base without a sequence length (a model whose length is a builder argument) takes the row's as one.
+    """
+    config = {**base, **{k: v for k, v in over.items() if k in PLAIN}}
+    fixed = base["sequence_length"] is None and "sequence_length" in over
+    return config, {"sequence_length": over["sequence_length"]} if fixed else {}
+
+
 def _plan(kdist, model, config, **options):
     return kdist.plan(
         model, 1, batch_size=config["batch_size"], sequence_length=config["sequence_length"], target="H100", **options
@@ -252,10 +263,7 @@ def main():
     predictions = []
     print("\npredictions outside the file (H100, 63.76 GB, 10% margin):")
     for label, base, over in PREDICT:
-        c = dict(configs[base])
-        c.update({k: v for k, v in over.items() if k in ("batch_size", "sequence_length", "dtype_policy")})
-        fixed = configs[base]["sequence_length"] is None and "sequence_length" in over  # a builder argument then
-        extra = {"sequence_length": over["sequence_length"]} if fixed else {}
+        c, extra = prediction_config(configs[base], over)
         options = {"remat": over.get("remat", False)}
         if over.get("attention"):
             options["attention"] = "materialized"

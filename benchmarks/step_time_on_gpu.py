@@ -41,10 +41,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from planner_vs_gpu import DEVICELESS, PREDICT, TRUTH  # noqa: E402  (a sibling script, not a package)
+from planner_vs_gpu import DEVICELESS, PLAIN, PREDICT, TRUTH, prediction_config  # noqa: E402  (a sibling script)
 
 OUT = Path(__file__).parent / "results" / "step_time_on_gpu.json"
-PLAIN = {"batch_size", "sequence_length", "dtype_policy"}  # the predictions a training run can reproduce as written
 
 
 def configs(truth):
@@ -55,10 +54,8 @@ def configs(truth):
         if devices == 1:
             out[label] = ({**shared[base], **over}, dict(builder_over))
     for label, base, over in PREDICT:
-        if set(over) <= PLAIN:
-            config = {**shared[base], **over}
-            fixed = shared[base]["sequence_length"] is None and "sequence_length" in over  # a builder argument then
-            out[label] = (config, {"sequence_length": over["sequence_length"]} if fixed else {})
+        if set(over) <= set(PLAIN):  # the predictions a training run reproduces as written (no remat, attention)
+            out[label] = prediction_config(shared[base], over)
     return out
 
 
@@ -134,6 +131,7 @@ def measure(args, known):
     results = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
     run = {"machine": machine_info(), "xla_flags": env["XLA_FLAGS"], "steps_timed": args.steps, "rows": []}
     results["runs"].append(run)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     for label in args.labels or list(known):
         if time.perf_counter() - began > args.budget:
@@ -143,12 +141,12 @@ def measure(args, known):
         try:
             child = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
             lines = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
-            row = json.loads(lines[-1][7:]) if lines else {"error": (child.stderr or child.stdout)[-600:]}
+            output = child.stderr or child.stdout or "no output"
+            row = json.loads(lines[-1][7:]) if lines else {"error": output[-600:]}
         except subprocess.TimeoutExpired:
             row = {"error": f"timed out after {args.timeout} s"}
         run["rows"].append({"config": label, **row})
         print(json.dumps(run["rows"][-1]), flush=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
 
 
