@@ -116,7 +116,7 @@ def forced_attention(mode, platform):
     def keras_attention(original, query, key, value, bias=None, mask=None, **kwargs):
         explicit = kwargs.pop("flash_attention", None)
         use_flash = fused if explicit is None else bool(explicit)
-        if use_flash and kwargs.get("attn_logits_soft_cap") is None:
+        if use_flash:  # a logit soft cap (TPU only) is applied inside Splash: it keeps no more
             dtype = jnp.result_type(query.dtype, key.dtype, value.dtype)
             q, k, v = (jnp.asarray(t).astype(dtype) for t in (query, key, value))
             taken.add("fused")

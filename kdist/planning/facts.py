@@ -184,6 +184,11 @@ class ModelFacts:
                     rules=self.compiler_rules,
                     cache=self._trace_cache,
                 )
+            except PlanError as e:
+                hint = _position_table_hint(self.model, self.sequence_length) if self.sequence_length else ""
+                if hint:
+                    raise PlanError(f"{e}{hint}") from e
+                raise
             except KdistError:
                 raise
             except Exception as e:  # a graph the step model does not handle: say so, never a raw traceback
@@ -263,8 +268,8 @@ def _input_shapes(model, sequence_length):
     return keras.tree.map_structure(struct, inputs)
 
 
-def _check_position_tables(model, sequence_length):
-    """Refuse a sequence longer than a learned position table of the model holds (the step could not run).
+def _position_layers(model):
+    """(layer, length) for each learned position table of the model.
 
     A position layer is one named so, or one whose `sequence_length` is the
     length of a table it holds (SigLIP's text embedding sums a token and a
@@ -272,14 +277,31 @@ def _check_position_tables(model, sequence_length):
     """
     for layer in layers(model):
         length = getattr(layer, "sequence_length", None)
-        if not isinstance(length, int) or length >= sequence_length:
+        if not isinstance(length, int):
             continue
         if "Position" in type(layer).__name__ or any(v.shape[:1] == (length,) for v in layer.weights):
+            yield layer, length
+
+
+def _check_position_tables(model, sequence_length):
+    """Refuse a sequence longer than a learned position table of the model holds (the step could not run)."""
+    for layer, length in _position_layers(model):
+        if length < sequence_length:
             raise ArgumentError(
                 f"sequence_length={sequence_length} is longer than layer {layer.name!r} ({type(layer).__name__}) "
                 f"of model {model.name!r} takes: it holds positions for {length} tokens. Pass sequence_length <= "
                 f"{length}, or build the model with longer position tables."
             )
+
+
+def _position_table_hint(model, sequence_length):
+    """For a failed trace: the position tables longer than `sequence_length` (a layer may add its whole table)."""
+    longer = [(layer, length) for layer, length in _position_layers(model) if length > sequence_length]
+    return "".join(
+        f" Layer {layer.name!r} ({type(layer).__name__}) holds positions for {length} tokens and the step was "
+        f"traced with sequence_length={sequence_length}: if it adds its whole table, pass sequence_length={length}."
+        for layer, length in longer
+    )
 
 
 def _label_shapes(model, sequence_length):

@@ -107,7 +107,8 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
         if taken == "materialized" and mode == "fused":
             notes.append(
                 "attention 'fused' was asked for, but the attention layers compute their scores themselves (e.g. "
-                "Keras MultiHeadAttention with dropout): they are counted materialized"
+                "Keras MultiHeadAttention with dropout, keras-hub's Gemma 2 logit soft cap off TPU): they are counted "
+                "materialized"
             )
     elif taken != mode:
         notes.append(f"attention {mode!r} was asked for; the layers took {taken!r}")

@@ -82,6 +82,19 @@ def test_a_position_table_inside_a_layer_not_named_position_is_found():
     assert kdist.plan(model, 2, batch_size=8, sequence_length=16).candidates
 
 
+def test_a_sequence_shorter_than_a_table_its_layer_adds_whole_names_the_table():
+    pytest.importorskip("keras_hub")
+    model = kdist.abstract_model(tiny_entries()["siglip"])  # its text embedding adds all 16 positions
+    raises_clearly(
+        lambda: kdist.plan(model, 2, batch_size=8, sequence_length=8),
+        PlanError,
+        "could not trace layer",
+        "Layer 'embedding' (SigLIPTextEmbedding) holds positions for 16 tokens",
+        "sequence_length=8",
+        "pass sequence_length=16",
+    )
+
+
 @pytest.mark.parametrize("case", CASES, ids=[f"{i}" for i in range(len(CASES))])
 def test_bad_input_is_refused_clearly(case):
     call, error, *words = case

@@ -47,6 +47,19 @@ def test_fused_attention_removes_the_sequence_squared_scores(llama):
     assert fused[0] < materialized[0]
 
 
+def test_a_logit_soft_cap_is_fused_on_a_tpu_and_computed_by_the_layer_on_a_gpu():
+    """keras-hub's Gemma 2 passes its soft cap to Keras's attention on a TPU (Splash takes it), which Keras
+    refuses on any other host; on a GPU the layer computes its capped scores itself."""
+    pytest.importorskip("keras_hub")
+    gemma2 = kdist.zoo.load_model("tiny-gemma2")
+    tpu = kdist.plan(gemma2, 1, batch_size=4, sequence_length=128, target="TPU v5p")
+    on_tpu = kdist.plan(gemma2, 1, batch_size=4, sequence_length=128, target="TPU v5p", attention="materialized")
+    gpu = kdist.plan(gemma2, 1, batch_size=4, sequence_length=128, target="H100", attention="fused")
+    assert tpu.attention == "fused" and not any("was asked for" in n for n in tpu.notes)
+    assert tpu.candidates[0].activations < 0.75 * on_tpu.candidates[0].activations
+    assert any("Gemma 2 logit soft cap off TPU" in n for n in gpu.notes)
+
+
 def test_the_gpu_default_attention_follows_the_compute_dtype(llama):
     assert kdist.plan(llama, 1, batch_size=4, sequence_length=64, target="gpu").attention == "materialized"
     assert kdist.plan(llama, 1, batch_size=4, sequence_length=64, target="tpu").attention == "fused"
