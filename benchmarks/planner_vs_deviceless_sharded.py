@@ -20,6 +20,13 @@ the other models are kept, each with the date of the run that took it. With
 --reestimate, the stored rows keep XLA's figures (they depend on the model,
 the mesh and jax, not on kdist's estimate) and get this checkout's estimate,
 without compiling.
+
+    ... planner_vs_deviceless_sharded.py --held-out
+    ... planner_vs_deviceless_sharded.py --held-out --devices 16
+
+plan and compile configs that no band cites (`HELD_OUT`: Qwen2 at sequence
+256, OPT, a mixed-precision Llama on 8 devices; Mistral on 16) into
+planner_vs_deviceless_held_out.json and planner_vs_deviceless_held_out_16.json.
 """
 
 import argparse
@@ -105,6 +112,70 @@ CONFIGS = [
 ]
 
 
+# Held out: configs no band cites (other families, a shorter sequence, mixed precision, 16 devices), to see how the
+# bands and the estimate carry to configs they were not drawn from. `--held-out` plans and compiles these instead,
+# into planner_vs_deviceless_held_out.json (with --devices 16: the last entry only, into ..._held_out_16.json).
+HELD_OUT = [
+    (
+        "qwen2 h512 4 layers v8192 b32 s256",
+        "Qwen2Backbone",
+        dict(
+            vocabulary_size=8192,
+            num_layers=4,
+            num_query_heads=8,
+            num_key_value_heads=4,
+            hidden_dim=512,
+            intermediate_dim=1536,
+        ),
+        32,
+        256,
+    ),
+    (
+        "opt h512 4 layers v8192 b32 s512",
+        "OPTBackbone",
+        dict(
+            vocabulary_size=8192,
+            num_layers=4,
+            num_heads=8,
+            hidden_dim=512,
+            intermediate_dim=2048,
+            max_sequence_length=512,
+        ),
+        32,
+        512,
+    ),
+    (
+        "llama mixed_bfloat16 h512 4 layers v8192 b32 s512",
+        "LlamaBackbone",
+        dict(
+            vocabulary_size=8192,
+            num_layers=4,
+            num_query_heads=8,
+            num_key_value_heads=2,
+            hidden_dim=512,
+            intermediate_dim=1536,
+            dtype="mixed_bfloat16",
+        ),
+        32,
+        512,
+    ),
+    (
+        "mistral h512 4 layers v8192 b64 s256",
+        "MistralBackbone",
+        dict(
+            vocabulary_size=8192,
+            num_layers=4,
+            num_query_heads=8,
+            num_key_value_heads=2,
+            hidden_dim=512,
+            intermediate_dim=1536,
+        ),
+        64,
+        256,
+    ),
+]
+
+
 def config_named(model):
     """The CONFIGS entry whose label starts with `model` (e.g. "gpt2")."""
     return next(c for c in CONFIGS if c[0].split()[0] == model)
@@ -115,14 +186,19 @@ def main():
     parser.add_argument("--devices", type=int, default=DEVICES)
     parser.add_argument("--models", default="", help="comma-separated label prefixes (default: all)")
     parser.add_argument("--batch", type=int, default=None, help="global batch (default: each config's)")
+    parser.add_argument("--held-out", action="store_true", help="the HELD_OUT configs, into their own file")
     parser.add_argument(
         "--reestimate", action="store_true", help="recompute the stored rows' estimates, keeping XLA's figures"
     )
     args = parser.parse_args()
     devices = args.devices
-    configs = [c for c in CONFIGS if not args.models or c[0].split()[0] in args.models.split(",")]
+    if args.held_out:
+        configs, name = (HELD_OUT[:-1] if devices == DEVICES else HELD_OUT[-1:]), "held_out"
+    else:
+        configs, name = CONFIGS, "sharded"
+    configs = [c for c in configs if not args.models or c[0].split()[0] in args.models.split(",")]
     suffix = "" if devices == DEVICES else f"_{devices}"
-    out = Path(__file__).parent / "results" / f"planner_vs_deviceless_sharded{suffix}.json"
+    out = Path(__file__).parent / "results" / f"planner_vs_deviceless_{name}{suffix}.json"
     earlier = json.loads(out.read_text()) if out.exists() else None
 
     import kdist  # before keras_hub: selects the JAX backend

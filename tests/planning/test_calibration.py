@@ -55,6 +55,22 @@ def test_every_stored_row_falls_in_the_band_of_its_class():
         assert not why and band.low <= ratio <= band.high, (kind, family, ratio)
 
 
+HELD_OUT = (
+    "benchmarks/results/planner_vs_deviceless_held_out.json",
+    "benchmarks/results/planner_vs_deviceless_held_out_16.json",
+)
+
+
+def test_configs_no_band_cites_fall_in_the_band_of_their_class():
+    """Held-out rows (`planner_vs_deviceless_sharded.py --held-out`: other families, a shorter sequence, mixed
+    precision, 16 devices): the bands were not drawn from them."""
+    rows = [r for path in HELD_OUT for r in json.loads((ROOT / path).read_text())["rows"]]
+    assert len({r["config"] for r in rows}) == 4 and len(rows) == 3 * 10 + 15
+    for r in rows:
+        band, why = band_class(_axes(r["mesh"]), "transformer")
+        assert not why and band.low <= r["xla_gpu_deviceless"] / r["estimate"] <= band.high, (r["config"], r["mesh"])
+
+
 def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward():
     """The single-device transformer band cites only stored rows: its bounds are their extremes, not fitted."""
     ratios = [r for kind, family, r in _stored_rows() if (kind, family) == ("single", "transformer")]
