@@ -177,8 +177,8 @@ HELD_OUT = [
 
 
 def config_named(model):
-    """The CONFIGS entry whose label starts with `model` (e.g. "gpt2")."""
-    return next(c for c in CONFIGS if c[0].split()[0] == model)
+    """The CONFIGS (then HELD_OUT) entry whose label starts with `model` (e.g. "gpt2")."""
+    return next(c for c in CONFIGS + HELD_OUT if c[0].split()[0] == model)
 
 
 def main():

@@ -87,7 +87,9 @@ def _mb(value):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="gpt2", help="a label prefix of planner_vs_deviceless_sharded.CONFIGS")
+    parser.add_argument(
+        "--model", default="gpt2", help="a label prefix of planner_vs_deviceless_sharded.CONFIGS or HELD_OUT"
+    )
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--batch", type=int, default=0, help="global batch (default: the config's)")
     parser.add_argument("--meshes", default="data=8", help="';'-separated mesh specs")
