@@ -26,9 +26,10 @@ def lint_variables(obj):
     """`LintVariable`s of a model or layer, a list of variables, or `(path, shape[, dtype])` tuples."""
     items = obj.variables if hasattr(obj, "variables") and not isinstance(obj, (list, tuple, dict)) else obj
     items = items.items() if isinstance(items, dict) else items
-    if not hasattr(items, "__iter__"):
+    if not hasattr(items, "__iter__") or isinstance(items, (str, bytes)):
         raise ArgumentTypeError(
-            f"lint() needs a Keras model, its variables or (path, shape) tuples; received {type(obj).__name__}."
+            "lint() needs a Keras model, its variables or (path, shape) tuples as model_or_variables; received "
+            f"{type(obj).__name__} {shown(obj)} (the arguments are lint(rules, model_or_variables, mesh))."
         )
     out = []
     for item in items:

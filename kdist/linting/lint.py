@@ -17,7 +17,7 @@ import pathlib
 
 from keras.distribution import LayoutMap, ModelParallel
 
-from kdist.checks import non_negative_int, positive_number
+from kdist.checks import non_negative_int, positive_number, shown
 from kdist.distribution import ShardedDistribution
 from kdist.errors import ArgumentTypeError
 from kdist.keras_internals import layout_map_of
@@ -74,8 +74,8 @@ def lint(rules, model_or_variables, mesh=None, *, size_threshold=SIZE_THRESHOLD,
     size_threshold = non_negative_int(size_threshold, "size_threshold")
     tolerance = positive_number(tolerance, "tolerance") if tolerance else 0.0
     top = non_negative_int(top, "top")
-    variables = lint_variables(model_or_variables)
     checker = _checker(rules, mesh)
+    variables = lint_variables(model_or_variables)
     findings, placements = checker.check(variables, output_paths(model_or_variables))
     summary, offenders = summarize(checker, variables, placements, size_threshold, top)
     findings += replication_findings(checker, summary, offenders, size_threshold, tolerance)
@@ -102,5 +102,6 @@ def _checker(rules, mesh):
     raise ArgumentTypeError(
         "lint() checks a kdist.RuleSet, a list of (pattern, axes) pairs, a rule set name or file, a "
         "keras.distribution.LayoutMap (wrap a dict of layout keys in one), a kdist.ShardedDistribution or a keras "
-        f"ModelParallel; received {type(rules).__name__}."
+        f"ModelParallel as rules; received {type(rules).__name__} {shown(rules)} (the arguments are "
+        "lint(rules, model_or_variables, mesh))."
     )

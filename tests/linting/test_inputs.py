@@ -30,6 +30,8 @@ CASES = [
     (lambda: kdist.lint("auto", [("w", (4,), "float77")], "2x4"), ArgumentError, "'w'", "dtype", "'float77'"),
     (lambda: kdist.lint("auto", [(3, (4,))], "2x4"), ArgumentTypeError, "path must be a non-empty string", "3"),
     (lambda: kdist.lint("auto", [("w", (4,)), 5], "2x4"), ArgumentTypeError, "received int 5"),
+    (lambda: kdist.lint(MODEL, "dp"), ArgumentTypeError, "as rules; received", "lint(rules, model_or_variables, mesh)"),
+    (lambda: kdist.lint("auto", "dp", "2x4"), ArgumentTypeError, "model_or_variables; received str 'dp'"),
 ]
 
 
