@@ -16,6 +16,7 @@ import keras
 import numpy as np
 from keras.distribution import DataParallel, ModelParallel
 
+from kdist.checks import shown
 from kdist.devices import device_name, device_sort_key
 from kdist.distribution import ShardedDistribution, layout_axes
 from kdist.errors import ArgumentError, ArgumentTypeError, ModelError
@@ -312,6 +313,11 @@ def planned_optimizer(optimizer):
         )
     try:
         return new_optimizer(optimizer)
+    except KeyError as e:  # a config dict without Keras's keys
+        raise ArgumentError(
+            f"optimizer config {shown(optimizer)} has no {e}: a config dict is what keras.optimizers.serialize "
+            "returns, {'class_name': 'Adam', 'config': {...}}."
+        ) from None
     except (ValueError, TypeError) as e:
         raise ArgumentError(
             f"Unknown optimizer {optimizer!r}: name a Keras optimizer (adam, adamw, sgd, rmsprop, "

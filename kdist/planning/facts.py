@@ -6,7 +6,7 @@ import jax
 import keras
 
 from kdist.checks import shown
-from kdist.errors import ArgumentError, KdistError, ModelError, PlanError, cause
+from kdist.errors import ArgumentError, ArgumentTypeError, KdistError, ModelError, PlanError, cause
 from kdist.inspection.inspector import planned_optimizer
 from kdist.keras_internals import (
     array_of,
@@ -215,9 +215,15 @@ def _sibling(path, rule, by_path):
 
 
 def _variables(subject):
-    if isinstance(subject, (list, tuple)):
-        return list(subject)
-    return list(subject.trainable_variables) + list(subject.non_trainable_variables)
+    if not isinstance(subject, (list, tuple)):
+        return list(subject.trainable_variables) + list(subject.non_trainable_variables)
+    for item in subject:
+        if not all(hasattr(item, name) for name in ("path", "shape", "dtype")):
+            raise ArgumentTypeError(
+                f"plan() takes a list of Keras variables as model_or_variables; received a list holding "
+                f"{type(item).__name__} {shown(item)}. Pass model.weights, or the model itself."
+            )
+    return list(subject)
 
 
 def _abstract_variables(model_or_variables):

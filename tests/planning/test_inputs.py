@@ -26,6 +26,8 @@ CASES = [
     (plan(sequence_length=0), PlanError, "sequence_length must be a positive integer; received 0"),
     (plan(optimizer="adamz"), ArgumentError, "Unknown optimizer 'adamz'", "adamw"),
     (plan(optimizer=3), ArgumentTypeError, "optimizer must be a name", "received int"),
+    (plan(optimizer={"a": 1}), ArgumentError, "optimizer config {'a': 1} has no 'class_name'", "serialize"),
+    (plan(model=[1, 2]), ArgumentTypeError, "list of Keras variables", "received a list holding int 1"),
     (plan(dtype="float7"), ArgumentError, "dtype must be a floating-point dtype", "'float7'"),
     (plan(memory_per_device="eighty"), SizeError, "memory_per_device='eighty' is not a size", '"80GB"'),
     (plan(memory_per_device=-5), SizeError, "memory_per_device=-5 must be a positive, finite size"),
