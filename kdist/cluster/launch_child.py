@@ -20,7 +20,10 @@ or `code TEXT ARGS...`. It then
   KDIST_LAUNCH_HEARTBEAT_FD: where the main thread is (file:line), so the
   launcher can tell a process that makes no progress from a busy one, and
   "done" when the target has returned (the process may then wait for its
-  peers at exit).
+  peers at exit). The heartbeat thread has ended by then: CPython ends a
+  daemon thread still running at exit wherever it is, and one ended inside
+  a C++ destructor (a jax array freed by its garbage collection) aborts the
+  process ("terminate called after throwing an instance of ...").
 """
 
 import ctypes
@@ -29,7 +32,6 @@ import os
 import runpy
 import sys
 import threading
-import time
 import traceback
 
 FAULT_FILE = "KDIST_LAUNCH_FAULT_FILE"
@@ -42,14 +44,14 @@ C_BUFFER_BYTES = 8192
 def main(argv):
     """Run the target in `argv` ([kind, target, *args]) under the fault handler and the heartbeat."""
     fault_file = os.environ.pop(FAULT_FILE, None)
-    beat = _start_heartbeat(os.environ.pop(HEARTBEAT_FD, None))
+    last_beat = _start_heartbeat(os.environ.pop(HEARTBEAT_FD, None))
     _line_buffer_c_stdout()
     kind, target, *args = argv
     try:
         _run(kind, target, args)
     except SystemExit as e:
         if e.code is None or e.code == 0:
-            beat("done")
+            last_beat()
             raise
         code = e.code if isinstance(e.code, int) else 1
         if not isinstance(e.code, int):
@@ -63,7 +65,7 @@ def main(argv):
         except Exception:  # an exception whose message cannot be made: still end the process now
             pass
         _end(fault_file, fault, 1)
-    beat("done")
+    last_beat()
 
 
 def _run(kind, target, args):
@@ -141,29 +143,37 @@ def _hint(error):
 
 
 def _start_heartbeat(fd):
-    """Start the heartbeat thread; returns a function that sends one line now."""
+    """Start the heartbeat thread; returns the function that ends it and sends "done"."""
     if fd is None:
-        return lambda line: None
+        return lambda: None
     fd = int(fd)
     os.set_inheritable(fd, False)
-    lock = threading.Lock()
     main_thread = threading.main_thread().ident
 
-    def send(line):
-        with lock:
-            try:
-                os.write(fd, (line.replace("\n", " ") + "\n").encode(errors="replace"))
-            except OSError:
-                pass
+    def send(line):  # from the thread, then ("done") from the main thread once the thread has ended
+        try:
+            os.write(fd, (line.replace("\n", " ") + "\n").encode(errors="replace"))
+        except OSError:
+            pass
+
+    stop = threading.Event()
 
     def beat():
-        while True:
+        while not stop.is_set():
             frame = sys._current_frames().get(main_thread)
             send(f"at {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}" if frame else "at ?")
-            time.sleep(BEAT_SECONDS)
+            del frame  # held only while read: the main thread's locals are freed by the main thread, not here
+            stop.wait(BEAT_SECONDS)
 
-    threading.Thread(target=beat, name="kdist-launch-heartbeat", daemon=True).start()
-    return send
+    thread = threading.Thread(target=beat, name="kdist-launch-heartbeat", daemon=True)
+    thread.start()
+
+    def last():
+        stop.set()
+        thread.join()
+        send("done")
+
+    return last
 
 
 if __name__ == "__main__":

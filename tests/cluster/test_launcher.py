@@ -156,6 +156,20 @@ def test_bad_launch_arguments_are_rejected():
         kdist.launch(["-c", "pass"], coordinator_address="localhost")
 
 
+def test_the_heartbeat_thread_has_ended_before_the_interpreter_exits():
+    """A daemon thread still running at exit is ended by CPython wherever it is: inside a C++ destructor that
+    aborts the process. The launched script sees, at exit, the threads that are still alive."""
+    code = (
+        "import atexit, threading, time; time.sleep(1.5); "
+        "atexit.register(lambda: print('ALIVE', sorted(t.name for t in threading.enumerate())))"
+    )
+    result = kdist.launch(["-c", code], num_processes=2, devices_per_process=1, capture=True, stream=None)
+    assert result.returncode == 0, result.report()
+    assert [[line for line in out if line.startswith("ALIVE")] for out in result.outputs] == [
+        ["ALIVE ['MainThread']"]
+    ] * 2
+
+
 def test_the_first_process_to_fail_is_named_and_timeouts_stop_the_run():
     code = "import os, sys, time; r = int(os.environ['KDIST_PROCESS_RANK']); time.sleep(1.5 - r); sys.exit(5 + r)"
     result = kdist.launch(["-c", code], num_processes=2, devices_per_process=1, stream=None)
