@@ -25,7 +25,7 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 
-from planner_vs_deviceless_sharded import CONFIGS, PLAN_OPTIONS, VERIFY_TARGET  # noqa: E402
+from planner_vs_deviceless_sharded import CONFIGS, PLAN_OPTIONS, VERIFY_TARGET, compiled_rows  # noqa: E402
 
 MESHES = ["data=2,fsdp=2,model=2", "fsdp=4,model=2", "fsdp=2,model=4"]
 # The Llama, GPT-2 and BERT of planner_vs_deviceless_sharded.py (this folder is the script's sys.path[0]).
@@ -80,22 +80,13 @@ def main():
             )
         finally:
             Placer._fsdp = original
-        for c in result.candidates:
-            if c.compiled:
-                rows.append(
-                    {
-                        "model": name,
-                        "placement": placement,
-                        "mesh": c.spec,
-                        "estimate": c.peak,
-                        "xla_gpu_deviceless": c.compiled["peak"],
-                        "ratio": round(c.ratio, 3),
-                    }
-                )
-                print(
-                    f"{name:6} {placement:44} {c.spec:22} {c.peak / 1e9:6.3f} GB {c.compiled['peak'] / 1e9:6.3f} GB",
-                    flush=True,
-                )
+        for row in compiled_rows(result, model=name, placement=placement):
+            rows.append(row)
+            print(
+                f"{name:6} {placement:44} {row['mesh']:22} {row['estimate'] / 1e9:6.3f} GB "
+                f"{row['xla_gpu_deviceless'] / 1e9:6.3f} GB",
+                flush=True,
+            )
     out = Path(__file__).parent / "results" / "fsdp_beside_model.json"
     body = {"machine": machine_info(), "target": "8 H100s (deviceless XLA:GPU)", "models": MODELS, "rows": rows}
     out.write_text(json.dumps(body, indent=1) + "\n")

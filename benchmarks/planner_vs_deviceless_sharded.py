@@ -43,46 +43,33 @@ DEVICES = 8
 # cuDNN's flash attention), and the compile for the same H100s (verify_target).
 PLAN_OPTIONS = dict(target="H100", attention="materialized")
 VERIFY_TARGET = "H100"
+# The widths of the small decoder LMs (grouped-query attention, rotary positions) and of the small models with a
+# learned position table (GPT-2, BERT); the held-out configs below take them for other families.
+DECODER = dict(
+    vocabulary_size=8192, num_layers=4, num_query_heads=8, num_key_value_heads=2, hidden_dim=512, intermediate_dim=1536
+)
+LEARNED_POSITIONS = dict(
+    vocabulary_size=8192, num_layers=4, num_heads=8, hidden_dim=512, intermediate_dim=2048, max_sequence_length=512
+)
 CONFIGS = [
     (
         "llama h512 4 layers v8192 b32 s512",
         "LlamaBackbone",
-        dict(
-            vocabulary_size=8192,
-            num_layers=4,
-            num_query_heads=8,
-            num_key_value_heads=2,
-            hidden_dim=512,
-            intermediate_dim=1536,
-        ),
+        DECODER,
         32,
         512,
     ),
     (
         "gpt2 h512 4 layers v8192 b32 s512",
         "GPT2Backbone",
-        dict(
-            vocabulary_size=8192,
-            num_layers=4,
-            num_heads=8,
-            hidden_dim=512,
-            intermediate_dim=2048,
-            max_sequence_length=512,
-        ),
+        LEARNED_POSITIONS,
         32,
         512,
     ),
     (
         "bert h512 4 layers v8192 b32 s512",
         "BertBackbone",
-        dict(
-            vocabulary_size=8192,
-            num_layers=4,
-            num_heads=8,
-            hidden_dim=512,
-            intermediate_dim=2048,
-            max_sequence_length=512,
-        ),
+        LEARNED_POSITIONS,
         32,
         512,
     ),
@@ -133,47 +120,40 @@ HELD_OUT = [
     (
         "opt h512 4 layers v8192 b32 s512",
         "OPTBackbone",
-        dict(
-            vocabulary_size=8192,
-            num_layers=4,
-            num_heads=8,
-            hidden_dim=512,
-            intermediate_dim=2048,
-            max_sequence_length=512,
-        ),
+        LEARNED_POSITIONS,
         32,
         512,
     ),
     (
         "llama mixed_bfloat16 h512 4 layers v8192 b32 s512",
         "LlamaBackbone",
-        dict(
-            vocabulary_size=8192,
-            num_layers=4,
-            num_query_heads=8,
-            num_key_value_heads=2,
-            hidden_dim=512,
-            intermediate_dim=1536,
-            dtype="mixed_bfloat16",
-        ),
+        {**DECODER, "dtype": "mixed_bfloat16"},
         32,
         512,
     ),
     (
         "mistral h512 4 layers v8192 b64 s256",
         "MistralBackbone",
-        dict(
-            vocabulary_size=8192,
-            num_layers=4,
-            num_query_heads=8,
-            num_key_value_heads=2,
-            hidden_dim=512,
-            intermediate_dim=1536,
-        ),
+        DECODER,
         64,
         256,
     ),
 ]
+
+
+def compiled_rows(result, **fields):
+    """A row per compiled candidate of `result`: `fields`, the mesh, the estimate, XLA's figure, their ratio."""
+    return [
+        {
+            **fields,
+            "mesh": c.spec,
+            "estimate": c.peak,
+            "xla_gpu_deviceless": c.compiled["peak"],
+            "ratio": round(c.ratio, 3),
+        }
+        for c in result.candidates
+        if c.compiled
+    ]
 
 
 def config_named(model):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 
-from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, config_named  # noqa: E402
+from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, compiled_rows, config_named  # noqa: E402
 
 MESHES = ["data=4,model=2", "data=2,model=4", "fsdp=2,model=4", "model=8"]
 
@@ -49,18 +49,13 @@ def main():
             verify=MESHES,
             verify_target=VERIFY_TARGET,
         )
-        for c in result.candidates:
-            if c.compiled:
-                rows.append(
-                    {
-                        "position_table": table,
-                        "mesh": c.spec,
-                        "estimate": c.peak,
-                        "xla_gpu_deviceless": c.compiled["peak"],
-                        "ratio": round(c.ratio, 3),
-                    }
-                )
-                print(f"{table:26} {c.spec:16} {c.peak / 1e9:6.3f} GB {c.compiled['peak'] / 1e9:6.3f} GB", flush=True)
+        for row in compiled_rows(result, position_table=table):
+            rows.append(row)
+            print(
+                f"{table:26} {row['mesh']:16} {row['estimate'] / 1e9:6.3f} GB "
+                f"{row['xla_gpu_deviceless'] / 1e9:6.3f} GB",
+                flush=True,
+            )
     out = Path(__file__).parent / "results" / "position_table_split.json"
     body = {"machine": machine_info(), "target": "8 H100s (deviceless XLA:GPU)", "config": label, "rows": rows}
     out.write_text(json.dumps(body, indent=1) + "\n")

@@ -30,20 +30,21 @@ def _axes(spec):
     return {k: int(v) for k, v in (part.split("=") for part in spec.split(","))}
 
 
+def _family(row):
+    return "cnn" if "resnet" in row["config"] else "transformer"
+
+
 def _stored_rows():
     """(mesh kind, family, truth / estimate) of every row of the stored results the bands cite."""
     rows = []
     for r in json.loads((ROOT / GPU_RESULTS).read_text())["rows"]:
-        family = "cnn" if "resnet" in r["config"] else "transformer"
-        rows.append(("single", family, r["truth"] / r["estimate"]))
+        rows.append(("single", _family(r), r["truth"] / r["estimate"]))
     for run in json.loads((ROOT / MEASURED_RESULTS).read_text())["runs"]:
         for r in run["rows"]:
-            family = "cnn" if "resnet" in r["config"] else "transformer"
-            rows.append(("single", family, r["measured_peak_bytes"] / r["estimate"]["peak_bytes"]))
+            rows.append(("single", _family(r), r["measured_peak_bytes"] / r["estimate"]["peak_bytes"]))
     for path in (DEVICELESS_RESULTS, SHARDED_RESULTS, SHARDED_64_RESULTS):
         for r in json.loads((ROOT / path).read_text())["rows"]:
-            family = "cnn" if "resnet" in r["config"] else "transformer"
-            rows.append((mesh_kind(_axes(r["mesh"])), family, r["xla_gpu_deviceless"] / r["estimate"]))
+            rows.append((mesh_kind(_axes(r["mesh"])), _family(r), r["xla_gpu_deviceless"] / r["estimate"]))
     return rows
 
 
