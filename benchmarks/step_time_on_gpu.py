@@ -10,7 +10,9 @@ Two halves, because the measuring needs the GPU and the estimate does not:
   `train_on_batch` calls (each returns the loss as a Python float, so a
   timed step has finished on the device). It records the median and fastest
   step, the compile-and-first-step time and `memory_stats()
-  ["peak_bytes_in_use"]`, with the machine, no preallocation. XLA_FLAGS
+  ["peak_bytes_in_use"]`, with the machine, no preallocation, and which
+  implementations of `jax.nn.dot_product_attention` traced ("cudnn": the
+  fused kernel; "xla": scores kept). XLA_FLAGS
   gets measure.py's `--xla_gpu_autotune_level=0` (peaks comparable with the
   shared file's; steps 8-156x slower) unless `--xla-flags` says otherwise:
   `--xla-flags ""` runs XLA's defaults, what a user gets. Each run is added
@@ -91,6 +93,15 @@ def measure_one(config, builder_over, steps):
     import kdist
     from kdist.planning.calibration import build_config
 
+    taken = set()  # the implementations of jax.nn.dot_product_attention that traced: Keras tries cuDNN, then XLA
+    original = jax.nn.dot_product_attention
+
+    def recorded(*args, implementation=None, **kwargs):
+        out = original(*args, implementation=implementation, **kwargs)
+        taken.add(str(implementation))
+        return out
+
+    jax.nn.dot_product_attention = recorded
     keras.distribution.set_distribution(kdist.preset("dp"))
     keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy(config.get("dtype_policy", "float32"))
@@ -116,6 +127,7 @@ def measure_one(config, builder_over, steps):
         "bytes_limit": stats.get("bytes_limit"),
         "last_loss": float(loss if not isinstance(loss, list) else loss[0]),
         "device_kind": jax.devices()[0].device_kind,
+        "attention_implementations": sorted(taken),  # empty: the layers computed their scores themselves
     }
 
 
