@@ -23,10 +23,10 @@ from kdist.planning.deviceless import COMPILER_OPTIONS, gpu_devices
 from kdist.planning.facts import ModelFacts, check_dtype
 from kdist.planning.plan import Plan
 from kdist.planning.ranking import rank
-from kdist.planning.targets import DEFAULT_MARGIN, check_margin, cpu_proxy_note, resolve_target
+from kdist.planning.targets import DEFAULT_MARGIN, check_margin, cpu_proxy_note, resolve_target, scheduler_limit
 from kdist.planning.verify import verify as verify_plan
 from kdist.render.progress import steps
-from kdist.units import parse_size
+from kdist.units import human_bytes, parse_size
 
 DEFAULT_BANDWIDTH = 100e9  # bytes/s per device, one direction (about one TPU ICI link or a fraction of NVLink)
 DEFAULT_LATENCY = 10e-6  # seconds per collective step
@@ -162,6 +162,7 @@ def plan(
         remat=remat,
     )
     rank(result, facts)
+    result.notes += _scheduler_fit_notes(result, facts.target)
     if verify:
         chosen = None if verify is True else verify
         devices = gpu_devices(verify_target, result.devices) if verify_target is not None else None
@@ -213,6 +214,23 @@ def _band_notes(facts, devices, candidates):
     for why in sorted({c.band_why for c in candidates if c.band_why}):
         notes.append(f"band: {why}")
     return notes
+
+
+def _scheduler_fit_notes(result, target):
+    """The fitting meshes that XLA:GPU's latency-hiding scheduler could still carry past memory_per_device."""
+    limit = scheduler_limit(target)
+    memory = result.memory_per_device
+    if result.devices == 1 or limit is None or memory is None:
+        return []
+    close = [c.spec for c in result.candidates if c.fits and min(c.peak * LHS_HIGH, max(c.peak, limit)) > memory]
+    if not close:
+        return []
+    return [
+        f"fit: {', '.join(close)} fit by the estimate, but on a mesh with collectives XLA:GPU's latency-hiding "
+        f"scheduler may add up to {LHS_HIGH - 1:.0%}, and it may fill up to {human_bytes(limit)} of {target.name} "
+        f"(95% of 80% of its memory), past memory_per_device ({human_bytes(memory)}): a larger margin= leaves "
+        'them out (docs/plan.md, "What the latency-hiding scheduler adds")'
+    ]
 
 
 def _step_time_note(facts):

@@ -28,6 +28,9 @@ DEFAULT_MARGIN = 0.10
 CPU_PROXY_RATIO = {"transformers": (1.48, 2.03), "resnet50": (1.56, 1.56)}
 
 JAX_GPU_FRACTION = 0.75  # XLA_PYTHON_CLIENT_MEM_FRACTION's default
+# XLA:GPU's latency-hiding scheduler spends memory up to 95% (xla_gpu_memory_limit_slop_factor) of 80% of the
+# device's memory less the step's inputs and outputs (GetSchedulerMemoryLimit; jax sets no device_memory_size).
+XLA_SCHEDULER_SHARE = 0.95 * 0.80
 
 # device kind -> (platform, bytes JAX lets one device use by default, where the figure comes from)
 DEVICE_KINDS = {
@@ -205,3 +208,11 @@ def cpu_proxy_note():
         f"On the shared H100 measurements XLA:CPU's figure was {lo:.2f}-{hi:.2f}x the GPU truth for transformers "
         f"({CPU_PROXY_RATIO['resnet50'][0]:.2f}x for ResNet50): the CPU fuses less"
     )
+
+
+def scheduler_limit(target):
+    """Bytes of one device XLA:GPU's latency-hiding scheduler may fill on `target` (None: not a known GPU kind)."""
+    known = DEVICE_KINDS.get(target.name)
+    if target.platform != "gpu" or known is None:
+        return None
+    return int(known[1] / JAX_GPU_FRACTION * XLA_SCHEDULER_SHARE)

@@ -136,6 +136,30 @@ def test_a_plan_says_what_the_latency_hiding_scheduler_adds_when_a_mesh_has_coll
     assert not any(lhs in note for note in kdist.plan(model, 8, batch_size=16, target="cpu").notes)
 
 
+def test_a_plan_names_the_fitting_meshes_the_latency_hiding_scheduler_could_carry_past_the_memory():
+    """It adds up to LHS_HIGH while under its limit (95% of 80% of the device), which is above JAX's 75% share."""
+    model = kdist.abstract_model(tiny_transformer)
+    peak = min(c.peak for c in kdist.plan(model, 8, batch_size=16, target="H100").candidates if c.valid)
+
+    def flagged(memory, devices=8, target="H100", batch_size=16):
+        result = kdist.plan(model, devices, batch_size=batch_size, target=target, memory_per_device=memory, margin=0)
+        notes = [n for n in result.notes if n.startswith("fit: ")]
+        close = {c.spec for c in result.candidates if c.fits and c.peak * LHS_HIGH > memory}
+        return notes, close
+
+    notes, close = flagged(int(peak * 1.05))
+    assert close and len(notes) == 1 and all(spec in notes[0] for spec in close)
+    assert "may fill up to 60.2 GiB of H100" in notes[0]
+    assert flagged(int(peak * 1.05), devices=1)[0] == []  # one device: no collectives
+    assert flagged(int(peak * 1.05), target="cpu")[0] == []  # XLA:CPU has no latency-hiding scheduler
+    assert flagged(10**12) == ([], set())
+    # Past the LHS's limit (60.2 GiB) it adds nothing: a mesh whose peak is already above it fits as estimated.
+    big = min(c.peak for c in kdist.plan(model, 8, batch_size=2**20, target="H100").candidates if c.valid)
+    assert big > 60.2 * 2**30
+    notes, close = flagged(int(big * 1.05), batch_size=2**20)
+    assert close and notes == []
+
+
 def test_the_band_table_of_docs_plan_md_is_bands():
     """Each class's row in docs/plan.md gives its band and every figure BANDS cites for it."""
     lines = (ROOT / "docs/plan.md").read_text().splitlines()
