@@ -102,7 +102,7 @@ BANDS = (
 )
 
 # On a mesh with collectives XLA:GPU's latency-hiding scheduler reorders the step to overlap them, spending free
-# memory (under 95% of the device's): at most this much above the memory scheduler's order, which the estimate
+# memory (under 95% of 80% of the device's): at most this much above the memory scheduler's order, which the estimate
 # follows, on the meshes of LHS_RESULTS (XLA's figure / (that figure less what the LHS added to its memory pressure)).
 LHS_RESULTS = "benchmarks/results/xla_scheduler_memory.json"
 LHS_HIGH = 1.13

@@ -209,7 +209,7 @@ def _band_notes(facts, devices, candidates):
         notes.append(
             f"band: with collectives XLA:GPU's latency-hiding scheduler spends free memory to overlap them, up to "
             f"{LHS_HIGH - 1:+.0%} over the order the estimate follows on the meshes of {LHS_RESULTS} (inside the "
-            "bands); it adds only while under 95% of the device's memory (docs/plan.md)"
+            "bands); it adds only while under its limit, 95% of 80% of the device's memory (docs/plan.md)"
         )
     for why in sorted({c.band_why for c in candidates if c.band_why}):
         notes.append(f"band: {why}")
