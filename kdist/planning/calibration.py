@@ -111,12 +111,12 @@ LHS_HIGH = 1.13
 # estimated step is at least SHORT_STEP seconds (the smallest and largest, rounded outward). The estimate is a
 # roofline: a lower bound. Shorter steps are dominated by costs it does not count (kernel launches, the call).
 MEASURED_STEP = (1.24, 2.57)
+SHORT_STEP = 0.01
 
 # Measured / estimated peak on one H100 where the estimate traced fused (cuDNN) attention, the most of the rows of
 # MEASURED_RESULTS (rounded up): Keras takes cuDNN only where jax and cuDNN accept the shapes on the device, and the
 # trace cannot ask them. ViT-Base in bfloat16 (197 tokens, Keras MultiHeadAttention) measured as if materialized.
 FUSED_GPU_HIGH = 1.54
-SHORT_STEP = 0.01
 
 
 def mesh_kind(axes):

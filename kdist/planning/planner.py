@@ -222,7 +222,8 @@ def _scheduler_fit_notes(result, target):
     memory = result.memory_per_device
     if result.devices == 1 or limit is None or memory is None:
         return []
-    close = [c.spec for c in result.candidates if c.fits and min(c.peak * LHS_HIGH, max(c.peak, limit)) > memory]
+    worst = {c.spec: min(c.peak * LHS_HIGH, max(c.peak, limit)) for c in result.candidates if c.valid and c.fits}
+    close = [spec for spec, peak in worst.items() if peak > memory]
     if not close:
         return []
     return [
