@@ -106,7 +106,9 @@ def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward():
 
 
 def test_the_latency_hiding_schedulers_share_is_the_most_it_added_on_the_stored_meshes_rounded_up():
-    rows = [r for r in json.loads((ROOT / LHS_RESULTS).read_text())["rows"] if r["slop_factor"] is None]
+    rows = json.loads((ROOT / LHS_RESULTS).read_text())["rows"]
+    # Where the LHS's first order went past its limit XLA scheduled again: that order's addition was not kept.
+    rows = [r for r in rows if r["slop_factor"] is None and r["pressure_after_lhs"] <= r["lhs_limit"]]
     assert len(rows) >= 50
     ratios = [
         r["xla_gpu_deviceless"] / (r["xla_gpu_deviceless"] - (r["pressure_after_lhs"] - r["pressure_before_lhs"]))
