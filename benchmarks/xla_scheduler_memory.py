@@ -16,11 +16,14 @@ Run (needs jax-cuda13-pjrt, the `gpu-verify` extra):
      JAX_PLATFORMS=cpu python benchmarks/xla_scheduler_memory.py --model gpt2 --devices 8 --meshes "data=8;fsdp=8"
      ... --slop-factor 1    (XLA_FLAGS=--xla_gpu_memory_limit_slop_factor=1: the LHS's limit becomes 1% of
                              the device memory it plans with instead of its default share)
+     ... --reestimate       (the stored rows keep XLA's figures and get this checkout's estimate, without
+                             compiling)
 Appends to benchmarks/results/xla_scheduler_memory.json (one row per model, device count, batch, mesh
 and slop factor), with the machine it ran on.
 """
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -81,6 +84,27 @@ def measure(model, devices, batch, mesh, slop_factor):
     return row
 
 
+def reestimate(rows):
+    """Each stored row's estimate recomputed by this checkout's planner (one plan per config, device count, batch)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from planner_vs_deviceless_sharded import CONFIGS, HELD_OUT, PLAN_OPTIONS
+
+    import kdist
+
+    keras_hub = importlib.import_module("keras_hub")  # after kdist: it selects the JAX backend
+
+    labels = {label: (cls, config, sequence) for label, cls, config, _, sequence in CONFIGS + HELD_OUT}
+    plans = {}
+    for row in rows:
+        key = (row["config"], row["devices"], row["batch"])
+        if key not in plans:
+            cls, config, sequence = labels[row["config"]]
+            build = lambda cls=cls, config=config: getattr(keras_hub.models, cls)(**config)  # noqa: E731
+            plans[key] = kdist.plan(build, row["devices"], batch_size=row["batch"], sequence_length=sequence,
+                                    **PLAN_OPTIONS)  # fmt: skip
+        row["estimate"] = plans[key].candidate(row["mesh"]).peak
+
+
 def _mb(value):
     return f"{value / 1e6:7.1f}" if value is not None else "    n/a"
 
@@ -94,8 +118,13 @@ def main():
     parser.add_argument("--batch", type=int, default=0, help="global batch (default: the config's)")
     parser.add_argument("--meshes", default="data=8", help="';'-separated mesh specs")
     parser.add_argument("--slop-factor", type=int, default=None, help="XLA's --xla_gpu_memory_limit_slop_factor")
+    parser.add_argument("--reestimate", action="store_true", help="recompute the stored rows' estimates only")
     args = parser.parse_args()
     saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"rows": []}
+    if args.reestimate:
+        reestimate(saved["rows"])
+        RESULTS.write_text(json.dumps(saved, indent=1) + "\n")
+        return print(f"wrote {RESULTS}")
     for mesh in [m for m in args.meshes.split(";") if m]:
         row = measure(args.model, args.devices, args.batch, mesh, args.slop_factor)
         print(

@@ -176,6 +176,12 @@ def layers(model):
     return list(flatten(include_self=False)) if flatten is not None else []
 
 
+def sublayers(layer):
+    """A layer's direct sublayers (`_flatten_layers(recursive=False)`)."""
+    flatten = getattr(layer, "_flatten_layers", None)
+    return list(flatten(include_self=False, recursive=False)) if flatten is not None else []
+
+
 def output_layer(tensor):
     """The layer that made a symbolic tensor (`_keras_history`)."""
     return tensor._keras_history.operation

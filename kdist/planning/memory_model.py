@@ -114,7 +114,9 @@ def memory_terms(facts, rows, axes, batch_size):
         live["unreduced"], phase = 0, None
     else:
         factor = buffer_factors(facts, rows, axes, local_batch)
-        curves = traced.step.sweep(factor, reduction_order_lasts(traced.step, factor, axes))
+        last = reduction_order_lasts(traced.step, factor, axes)
+        last = scheduler_lasts(traced.step, last, axes)
+        curves = traced.step.sweep(factor, last)
         t = int(sum(curves.values()).argmax())
         live = {term: int(curves[term][t]) for term in TERMS}
         phase = traced.step.phase(t)
@@ -125,6 +127,31 @@ def memory_terms(facts, rows, axes, batch_size):
     terms["transient"] = live["gradients"] + live["loss"] + terms["backward"] + live["gathered"]
     terms["phase"] = phase
     return terms
+
+
+def scheduler_lasts(step, last, axes):
+    """Each buffer's last read when XLA's latency-hiding scheduler orders the backward, or `last` unchanged.
+
+    On a mesh of several devices XLA:GPU's latency-hiding scheduler orders
+    kernels to hide the collectives, not to save memory (until the step nears
+    its limit, `targets.scheduler_limit`). Modelled as the worst order within
+    each sublayer's backward (`Step.sublayer_spans`: an attention, an MLP, a
+    block's own operations): every activation or backward temporary the run
+    reads for the last time stays alive until its last kernel (docs/plan.md).
+    One device (nothing to overlap) and XLA:CPU (collectives are not
+    asynchronous) keep the trace's order.
+    """
+    if math.prod(axes.values()) == 1 or step.rules.platform == "cpu":
+        return last
+    last = (step.lifetimes()[1] if last is None else last).copy()
+    if not step.sublayer_spans:
+        return last
+    firsts, ends = (np.array(column) for column in zip(*[(f, e) for f, e, _ in step.sublayer_spans]))
+    span = np.maximum(np.searchsorted(firsts, last, side="right") - 1, 0)  # the last span starting at or before
+    terms = np.array(step.term)
+    kept = ((terms == "activations") | (terms == "backward")) & (last >= firsts[span]) & (last <= ends[span])
+    last[kept] = ends[span[kept]]
+    return last
 
 
 def reduction_order_lasts(step, factor, axes):

@@ -207,9 +207,10 @@ def _band_notes(facts, devices, candidates):
         )
     if devices > 1 and any(c.band for c in candidates):
         notes.append(
-            f"band: with collectives XLA:GPU's latency-hiding scheduler spends free memory to overlap them, up to "
-            f"{LHS_HIGH - 1:+.0%} over the order the estimate follows on the meshes of {LHS_RESULTS} (inside the "
-            "bands); it adds only while under its limit, 95% of 80% of the device's memory (docs/plan.md)"
+            "band: with collectives XLA:GPU's latency-hiding scheduler orders the backward to overlap them, not to "
+            "save memory (while under its limit, 95% of 80% of the device's memory): the estimate takes the worst "
+            f"order within each sublayer's backward, and XLA's figure came to at most {LHS_HIGH - 1:+.0%} over it on "
+            f"the stored meshes of several devices ({LHS_RESULTS} and others, inside the bands; docs/plan.md)"
         )
     for why in sorted({c.band_why for c in candidates if c.band_why}):
         notes.append(f"band: {why}")
@@ -227,10 +228,10 @@ def _scheduler_fit_notes(result, target):
     if not close:
         return []
     return [
-        f"fit: {', '.join(close)} fit by the estimate, but on a mesh with collectives XLA:GPU's latency-hiding "
-        f"scheduler may add up to {LHS_HIGH - 1:.0%}, and it may fill up to {human_bytes(limit)} of {target.name} "
-        f"(95% of 80% of its memory), past memory_per_device ({human_bytes(memory)}): a larger margin= leaves "
-        'them out (docs/plan.md, "What the latency-hiding scheduler adds")'
+        f"fit: {', '.join(close)} fit by the estimate, but on a mesh with collectives XLA:GPU's figure came to up "
+        f"to {LHS_HIGH - 1:.0%} over it, and its latency-hiding scheduler may fill up to {human_bytes(limit)} of "
+        f"{target.name} (95% of 80% of its memory), past memory_per_device ({human_bytes(memory)}): a larger margin= "
+        'leaves them out (docs/plan.md, "What the latency-hiding scheduler adds")'
     ]
 
 

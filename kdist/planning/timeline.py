@@ -7,6 +7,8 @@ away (across layer boundaries) and adds FSDP's gathered weights; `sweep`
 then keeps each buffer alive from the kernel that makes it to the last one
 that reads it, and returns the live bytes per term after every event. Sizes
 are at the traced batch; a per-candidate factor per buffer rescales them.
+`sublayer_spans` marks each sublayer's run of backward kernels, inside which
+XLA's latency-hiding scheduler may reorder (`memory_model.scheduler_lasts`).
 """
 
 import numpy as np
@@ -32,6 +34,7 @@ class Step:
         self.forced = set()  # tensors that must be buffers (summed cotangents)
         self.virtual = {}  # tensor fused into its readers -> the buffers it is computed from
         self.bwd_start = None
+        self.sublayer_spans = []  # (first, last event, key) of each sublayer's backward run: `_extend_span`
         self._life = self._gradient_kernels = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
         # shapes of the operation it runs; per variable: the events using it and its final gradient buffer.
@@ -129,11 +132,13 @@ class Step:
         memo = {}
         self.events = []
         self.event_flops, self.event_dtype, self.event_shapes, self.final_grads = [], [], [], []
+        self.sublayer_spans = []
         for item in self.agenda:
             if item[0] == "loss_start":
                 self.bwd_start = len(self.events) if self.bwd_start is None else self.bwd_start
             elif item[0] == "run":
                 _, (p, mapping), lo, hi = item
+                backward = lo > 0 and lo == p.n_fwd
                 for i, made, maybe, used, inplace in p.kernels:
                     if not lo <= i < hi:
                         continue
@@ -145,6 +150,9 @@ class Step:
                         _, ins, outs = p.flat.eqns[i]
                         self._event_info(p.flat.flops[i], p.flat.dtype[outs[0]] if outs else "float32",
                                          tuple(p.flat.shape[x] for x in (*ins, *outs)))  # fmt: skip
+                        if backward:
+                            sublayer = p.sublayers[i] if p.sublayers else ""
+                            self._extend_span(len(self.events) - 1, (id(p), id(mapping), sublayer))
             elif item[0] == "acc":
                 read = tuple({r for x in item[2] for r in self._expand(x, memo)})
                 self.events.append(([item[1]], read, read))
@@ -157,6 +165,13 @@ class Step:
         self._add_gathers(remat, gather_itemsize)
         self._add_unreduced()
         self._life = self._gradient_kernels = None
+
+    def _extend_span(self, t, key):
+        """Event `t` of a backward: it extends the sublayer's span that ended at t - 1, or starts a new one."""
+        if self.sublayer_spans and self.sublayer_spans[-1][2] == key and self.sublayer_spans[-1][1] == t - 1:
+            self.sublayer_spans[-1] = (self.sublayer_spans[-1][0], t, key)
+        else:
+            self.sublayer_spans.append((t, t, key))
 
     def _event_info(self, flops=0, dtype="float32", shapes=()):
         self.event_flops.append(flops)

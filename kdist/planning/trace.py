@@ -11,13 +11,14 @@ together.
 
 import dataclasses
 import math
+import re
 
 import jax
 import jax.numpy as jnp
 import keras
 from jax.extend.core import Literal
 
-from kdist.keras_internals import operation_fn
+from kdist.keras_internals import operation_fn, sublayers
 
 TRACE_BATCH = 7919  # a prime batch size: batch dimensions are recognisable in traced shapes, sizes scale linearly
 
@@ -37,6 +38,7 @@ INLINE = {
     "named_call",
 }
 _BODY = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+_TRANSFORMED = re.compile(r"\w+\((.*)\)")
 
 
 class Flat:
@@ -45,6 +47,7 @@ class Flat:
     def __init__(self):
         self.size, self.shape, self.dtype, self.eqns = [], [], [], []
         self.flops = []  # per equation: multiply-add FLOPs x 2 of matrix products and convolutions, else 0
+        self.scopes = []  # per equation: its name stack, e.g. "transpose(jvp(block))/self_attention/softmax"
 
     def new(self, aval):
         """A new value id for an abstract value (bytes at the traced shape)."""
@@ -96,7 +99,7 @@ def _body(eqn):
     return next((eqn.params[p] for p in _BODY if p in eqn.params), None)
 
 
-def flatten(jaxpr, in_ids, flat):
+def flatten(jaxpr, in_ids, flat, scope=""):
     """Append `jaxpr`'s operations to `flat` (sub-jaxprs inlined); returns the ids of its outputs."""
     if hasattr(jaxpr, "jaxpr"):  # a ClosedJaxpr
         jaxpr = jaxpr.jaxpr
@@ -110,8 +113,9 @@ def flatten(jaxpr, in_ids, flat):
     for eqn in jaxpr.eqns:
         ins = [get(v) for v in eqn.invars]
         body = _body(eqn)
+        stack = "/".join(filter(None, (scope, str(eqn.source_info.name_stack))))
         if body is not None:
-            outs = flatten(body, ins, flat)
+            outs = flatten(body, ins, flat, stack)
             for v, o in zip(eqn.outvars, outs):
                 env[v] = o if o is not None else flat.new(v.aval)
             continue
@@ -119,6 +123,7 @@ def flatten(jaxpr, in_ids, flat):
         env.update(zip(eqn.outvars, outs))
         flat.eqns.append((eqn.primitive.name, [i for i in ins if i is not None], outs))
         flat.flops.append(eqn_flops(eqn))
+        flat.scopes.append(stack)
     return [get(v) for v in jaxpr.outvars]
 
 
@@ -142,6 +147,7 @@ class Program:
     gw: list
     ga: list
     name: str = ""
+    sublayers: list = dataclasses.field(default_factory=list)  # per equation: see `sublayer_paths`
 
 
 def trace_program(fn, trainable, const, diff, remat=False, name=""):
@@ -205,7 +211,37 @@ def trace_layer(op, trainable, non_trainable, leaves, treedef, diff_pos, const_p
 
     tw = [jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for v in trainable]
     cs = [jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for v in non_trainable] + [shapes[i] for i in const_pos]
-    return trace_program(fn, tw, cs, [shapes[i] for i in diff_pos], remat=remat, name=op.name)
+    program = trace_program(fn, tw, cs, [shapes[i] for i in diff_pos], remat=remat, name=op.name)
+    program.sublayers = sublayer_paths(op, program.flat.scopes)
+    return program
+
+
+def sublayer_paths(layer, scopes):
+    """Per name stack in `scopes`: the path below `layer` of the innermost layer with sublayers that ran it.
+
+    "transpose(jvp(block))/self_attention/softmax" -> "self_attention" (a
+    layer with query, key, ... sublayers; softmax has none); an operation of
+    the block's own call, or of a leaf layer directly under it, -> "".
+    """
+    memo = {}
+    for scope in scopes:
+        if scope not in memo:
+            path, current = [], layer
+            for name in [_unwrapped(c) for c in scope.split("/")][1:]:  # the first is `layer` itself
+                child = next((s for s in sublayers(current) if s.name == name), None)
+                if child is None or not sublayers(child):
+                    break
+                path.append(name)
+                current = child
+            memo[scope] = "/".join(path)
+    return [memo[s] for s in scopes]
+
+
+def _unwrapped(component):
+    """A name stack component without its transformations: "transpose(jvp(block))" -> "block"."""
+    while (inner := _TRANSFORMED.fullmatch(component)) is not None:
+        component = inner.group(1)
+    return component
 
 
 def trace_loss(y, labels):

@@ -105,16 +105,23 @@ def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward():
     assert band.high == pytest.approx(-(-max(ratios) * 100 // 1) / 100)
 
 
-def test_the_latency_hiding_schedulers_share_is_the_most_it_added_on_the_stored_meshes_rounded_up():
-    rows = json.loads((ROOT / LHS_RESULTS).read_text())["rows"]
-    # Where the LHS's first order went past its limit XLA scheduled again: that order's addition was not kept.
-    rows = [r for r in rows if r["slop_factor"] is None and r["pressure_after_lhs"] <= r["lhs_limit"]]
-    assert len(rows) >= 50
-    ratios = [
-        r["xla_gpu_deviceless"] / (r["xla_gpu_deviceless"] - (r["pressure_after_lhs"] - r["pressure_before_lhs"]))
-        for r in rows
-    ]
-    assert LHS_HIGH == pytest.approx(-(-max(ratios) * 100 // 1) / 100)
+def _several_devices(path):
+    """XLA's figure / the estimate of a deviceless table's rows on meshes of several devices."""
+    rows = json.loads((ROOT / path).read_text())["rows"]
+    if path == LHS_RESULTS:  # where the LHS's first order went past its limit XLA scheduled again; slop: not default
+        rows = [r for r in rows if r["slop_factor"] is None and r["pressure_after_lhs"] <= r["lhs_limit"]]
+    return [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _axes(r["mesh"]) != {"data": 1}]
+
+
+def test_on_several_devices_xla_exceeds_the_estimate_by_at_most_lhs_high_the_most_it_did_rounded_up():
+    """The safety rule on meshes with collectives: the estimate is never more than 5% under XLA:GPU's figure."""
+    cited = [r for path in (LHS_RESULTS, DEVICELESS_RESULTS, SHARDED_RESULTS, SHARDED_64_RESULTS) for r in
+             _several_devices(path)]  # fmt: skip
+    assert len(cited) == 72 + 7 + 50 + 56
+    assert LHS_HIGH == pytest.approx(-(-max(cited) * 100 // 1) / 100)
+    held_out = [r for path in HELD_OUT for r in _several_devices(path)]
+    assert len(held_out) == 45 and max(held_out) <= LHS_HIGH  # rows LHS_HIGH was not drawn from
+    assert 1 / LHS_HIGH >= 0.95
 
 
 def test_the_measured_step_time_range_is_the_stored_h100_steps_rounded_outward():
@@ -132,14 +139,14 @@ def test_the_measured_step_time_range_is_the_stored_h100_steps_rounded_outward()
 
 def test_a_plan_says_what_the_latency_hiding_scheduler_adds_when_a_mesh_has_collectives():
     model = kdist.abstract_model(tiny_transformer)
-    lhs = f"up to {LHS_HIGH - 1:+.0%} over the order the estimate follows"
+    lhs = f"the worst order within each sublayer's backward, and XLA's figure came to at most {LHS_HIGH - 1:+.0%}"
     assert any(lhs in note for note in kdist.plan(model, 8, batch_size=16).notes)
     assert not any(lhs in note for note in kdist.plan(model, 1, batch_size=16).notes)
     assert not any(lhs in note for note in kdist.plan(model, 8, batch_size=16, target="cpu").notes)
 
 
 def test_a_plan_names_the_fitting_meshes_the_latency_hiding_scheduler_could_carry_past_the_memory():
-    """It adds up to LHS_HIGH while under its limit (95% of 80% of the device), which is above JAX's 75% share."""
+    """XLA came up to LHS_HIGH over the estimate, under the LHS's limit (95% of 80% of the device): above JAX's 75%."""
     model = kdist.abstract_model(tiny_transformer)
     peak = min(c.peak for c in kdist.plan(model, 8, batch_size=16, target="H100").candidates if c.valid)
 
@@ -149,16 +156,16 @@ def test_a_plan_names_the_fitting_meshes_the_latency_hiding_scheduler_could_carr
         close = {c.spec for c in result.candidates if c.fits and c.peak * LHS_HIGH > memory}
         return notes, close
 
-    notes, close = flagged(int(peak * 1.05))
+    notes, close = flagged(int(peak * 1.03))
     assert close and len(notes) == 1 and all(spec in notes[0] for spec in close)
     assert "may fill up to 60.2 GiB of H100" in notes[0]
-    assert flagged(int(peak * 1.05), devices=1)[0] == []  # one device: no collectives
-    assert flagged(int(peak * 1.05), target="cpu")[0] == []  # XLA:CPU has no latency-hiding scheduler
+    assert flagged(int(peak * 1.03), devices=1)[0] == []  # one device: no collectives
+    assert flagged(int(peak * 1.03), target="cpu")[0] == []  # XLA:CPU has no latency-hiding scheduler
     assert flagged(10**12) == ([], set())
     # Past the LHS's limit (60.2 GiB) it adds nothing: a mesh whose peak is already above it fits as estimated.
     big = min(c.peak for c in kdist.plan(model, 8, batch_size=2**20, target="H100").candidates if c.valid)
     assert big > 60.2 * 2**30
-    notes, close = flagged(int(big * 1.05), batch_size=2**20)
+    notes, close = flagged(int(big * 1.03), batch_size=2**20)
     assert close and notes == []
 
 
@@ -181,7 +188,7 @@ def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():
     assert classes["fsdp=8"] == "fsdp transformers"
     assert classes["model=8"] == classes["data=2,fsdp=2,model=2"] == "model-axis transformers"
     data, model8 = result.candidate("data=8"), result.candidate("model=8")
-    assert data.band == (int(data.peak * 0.97), int(data.peak * 1.27))
+    assert data.band == (int(data.peak * 0.94), int(data.peak * 1.27))
     assert model8.band == (int(model8.peak * 0.43), int(model8.peak * 2.23))
     assert any("model-axis transformers -57%/+123%" in note for note in result.notes)
     assert result.recommendation.band_class in result.reason
@@ -196,12 +203,12 @@ def test_unsure_estimates_get_a_wider_band_and_say_why():
     plain = kdist.plan(model, 1, batch_size=16).candidates[0]
     rematted = kdist.plan(model, 1, batch_size=16, remat=True)
     c = rematted.candidates[0]
-    assert c.band[0] == int(c.peak * 0.97 * 0.88) and "remat" in c.band_why
+    assert c.band[0] == int(c.peak * 0.94 * 0.88) and "remat" in c.band_why
     assert any("band: remat" in note for note in rematted.notes)
     assert not plain.band_why
     fused = kdist.plan(model, 1, batch_size=16, attention="fused").candidates[0]
     assert "does not take cuDNN's kernel" in fused.band_why
-    assert fused.band == (int(fused.peak * 0.97), int(fused.peak * FUSED_GPU_HIGH))
+    assert fused.band == (int(fused.peak * 0.94), int(fused.peak * FUSED_GPU_HIGH))
     variables = kdist.plan(model.weights, 1, batch_size=16).candidates[0]
     assert variables.band is None and "activations not estimated" in variables.band_why
     assert kdist.plan(model, 1, batch_size=16, target="cpu").candidates[0].band is None

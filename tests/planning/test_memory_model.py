@@ -7,8 +7,10 @@ import kdist
 from kdist import PlanError
 from kdist.errors import ArgumentError
 from kdist.models import tiny_transformer
-from kdist.planning import comm
+from kdist.planning import comm, memory_model
+from kdist.planning.buffers import Rules
 from kdist.planning.targets import DEFAULT_MARGIN, resolve_target
+from kdist.planning.timeline import Step
 
 LLAMA = dict(
     vocabulary_size=256, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=64, intermediate_dim=128
@@ -128,6 +130,7 @@ def test_an_embedding_gradient_is_scattered_in_place_into_its_zeros():
 
 def test_reduced_gradients_keep_their_kernels_operands_until_their_group_is_reduced(llama, monkeypatch):
     """Over a batch axis XLA runs a weight-gradient kernel as late as its combined reduction (docs/plan.md)."""
+    monkeypatch.setattr(memory_model, "scheduler_lasts", lambda step, last, axes: last)  # that model alone
     one = _one(llama, 4, 128)
     data = lambda: kdist.plan(llama, 2, batch_size=8, sequence_length=128).candidate("data=2")  # noqa: E731
     model = lambda: kdist.plan(llama, 2, batch_size=4, sequence_length=128).candidate("model=2")  # noqa: E731
@@ -138,6 +141,43 @@ def test_reduced_gradients_keep_their_kernels_operands_until_their_group_is_redu
     assert model().peak == unchanged.peak  # no gradient is reduced over the model axis
     monkeypatch.setattr(comm, "COMBINE_THRESHOLD", 2**60)  # one reduction of every gradient, at the end
     assert _step_buffers(data()) >= _step_buffers(combined)
+
+
+def _sublayer_step(platform="gpu"):
+    """A forward kernel, then a sublayer's backward of three kernels (events 1-3), then the optimizer update."""
+    step = Step(Rules(platform=platform))
+    activation, earlier, temporary, gradient = (
+        step.new(8, (8,), term) for term in ("activations", "backward", "backward", "gradients")
+    )
+    step.events = [
+        ([activation, earlier], (), ()),
+        ([temporary, gradient], (activation,), ()),
+        ([], (earlier, temporary), ()),
+        ([], (), ()),
+        ([], (gradient,), ()),
+    ]
+    step.sublayer_spans = [(1, 3, "attention")]
+    return step
+
+
+def test_the_schedulers_worst_order_keeps_what_a_sublayers_backward_reads_until_its_last_kernel():
+    step = _sublayer_step()
+    assert list(step.lifetimes()[1]) == [1, 2, 2, 4]  # the trace's order
+    # Activations and backward temporaries read last inside the run live to its end; the gradient keeps its own.
+    assert list(memory_model.scheduler_lasts(step, None, {"data": 2})) == [3, 3, 3, 4]
+    assert memory_model.scheduler_lasts(step, None, {"data": 1}) is None  # one device: no collectives to overlap
+    cpu = _sublayer_step("cpu")
+    assert memory_model.scheduler_lasts(cpu, None, {"model": 2}) is None  # XLA:CPU: synchronous collectives
+
+
+def test_on_several_gpus_the_estimate_takes_the_schedulers_worst_order(llama, monkeypatch):
+    def data(**options):
+        return kdist.plan(llama, 2, batch_size=8, sequence_length=128, **options).candidate("data=2")
+
+    worst, on_cpu = data(), data(target="cpu")
+    monkeypatch.setattr(memory_model, "scheduler_lasts", lambda step, last, axes: last)
+    assert _step_buffers(worst) > _step_buffers(data())
+    assert on_cpu.peak == data(target="cpu").peak
 
 
 def test_targets_and_their_memory():

@@ -7,7 +7,7 @@ import kdist
 from kdist.planning.facts import ModelFacts
 from kdist.planning.step import trace_step
 from kdist.planning.targets import resolve_target
-from kdist.planning.trace import TRACE_BATCH
+from kdist.planning.trace import TRACE_BATCH, sublayer_paths
 
 
 def _pooled():
@@ -70,3 +70,23 @@ def test_a_layer_that_cannot_be_traced_is_a_plan_error_naming_it():
     with pytest.raises(kdist.PlanError, match=r"could not trace layer 'odd_layer' \(_Untraceable\).*RuntimeError") as e:
         kdist.plan(model, 2, batch_size=8)
     assert "\x1b" not in str(e.value)  # Keras's terminal colour codes are not part of kdist's message
+
+
+def test_each_operation_belongs_to_the_innermost_layer_with_sublayers_that_ran_it():
+    class Block(keras.layers.Layer):
+        def __init__(self):
+            super().__init__(name="block")
+            self.attention = keras.layers.MultiHeadAttention(2, 4, name="attention")
+            self.dense = keras.layers.Dense(8, name="dense")
+
+    block = Block()
+    block.attention.build((2, 3, 8), (2, 3, 8))
+    scopes = [
+        "transpose(jvp(block))/attention/softmax",  # a leaf layer inside the attention
+        "jvp(block)/attention/query/abc,cde->abde",  # an einsum of the attention's query projection
+        "jvp(block)/attention/jit(_where)",  # the attention's own operation
+        "jvp(block)/dense",  # a leaf layer of the block
+        "transpose(jvp(block))",  # the block's own operation
+        "",
+    ]
+    assert sublayer_paths(block, scopes) == ["attention", "attention", "attention", "", "", ""]
