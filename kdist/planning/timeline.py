@@ -150,9 +150,8 @@ class Step:
                         _, ins, outs = p.flat.eqns[i]
                         self._event_info(p.flat.flops[i], p.flat.dtype[outs[0]] if outs else "float32",
                                          tuple(p.flat.shape[x] for x in (*ins, *outs)))  # fmt: skip
-                        if backward:
-                            sublayer = p.sublayers[i] if p.sublayers else ""
-                            self._extend_span(len(self.events) - 1, (id(p), id(mapping), sublayer))
+                        if backward:  # a layer call's (trace_layer names every equation's sublayer)
+                            self._extend_span(len(self.events) - 1, (id(mapping), p.sublayers[i]))
             elif item[0] == "acc":
                 read = tuple({r for x in item[2] for r in self._expand(x, memo)})
                 self.events.append(([item[1]], read, read))
