@@ -102,7 +102,8 @@ def analyse(p, rules):
     output / input cotangent: "buffer", "alias" of one buffer or of a "cond" value, or "cond":
     decided on the whole graph, since XLA fuses across layer boundaries), `in_needs_buffer` and
     `in_readers` (per input), `weight_copy` (buffers that are copies of one
-    weight: mixed precision's casts, gradients), `zero_grads`, `kinds`,
+    weight: mixed precision's casts, gradients), `lookups` (weights and
+    casts only an embedding lookup reads), `zero_grads`, `kinds`,
     `producer_index`.
     """
     f = p.flat
@@ -176,6 +177,7 @@ def analyse(p, rules):
         (i, [o for o in made if o not in p.zero_grads], maybe, used, ip) for i, made, maybe, used, ip in kernels
     ]
     p.weight_copy = {**weight_copy, **dict(zip(p.gw, p.w))}
+    p.lookups = _lookups(f, set(p.w) | set(p.c), readers_of)
     p.mat, p.roots, p.kinds = mat, roots, kinds
     p.producer_index = {x: i for x, i in enumerate(producer) if i is not None}
     return p
@@ -320,6 +322,30 @@ def _roots(f, status, reach, rules):
                     status[o], rs = "mat", (o,)
             roots[o] = rs
     return roots, costly
+
+
+def _lookups(f, weights, readers_of):
+    """Weights (and their casts) that only gathers read: XLA's SPMD partitioner gathers from the table's shard.
+
+    An embedding lookup on a table split over fsdp is a gather on each
+    device's shard, masked, and a reduction of the looked-up rows: the table
+    is never all-gathered for it (`Step._add_gathers` skips those reads).
+    """
+    memo = {}
+
+    def only_gathered(x):
+        if x not in memo:
+            readers = readers_of(x)
+            memo[x] = bool(readers) and all(
+                f.eqns[i][0] == "gather"
+                or (f.eqns[i][0] == "convert_element_type" and all(only_gathered(o) for o in f.eqns[i][2]))
+                for i in readers
+            )
+        return memo[x]
+
+    for w in weights:
+        only_gathered(w)
+    return {x for x, ok in memo.items() if ok}
 
 
 def _weight_copies(p, f, kinds, mat):

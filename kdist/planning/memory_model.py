@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from kdist.meshes.layout import shard_bytes, split_by
-from kdist.planning import comm
+from kdist.planning import comm, propagation
 from kdist.planning.timeline import TERMS
 from kdist.planning.trace import TRACE_BATCH
 from kdist.units import is_float, itemsize
@@ -188,8 +188,8 @@ def buffer_factors(facts, rows, axes, local_batch):
     - FSDP's gathered copy: the weight gathered over fsdp (still split over
       model/expert), 0 when fsdp does not split it;
     - a buffer with a batch dimension: x local batch / TRACE_BATCH;
-    - a buffer with a dimension the model (expert) axis splits in some
-      weight: / that axis's size (heads, MLP width, vocabulary, experts);
+    - a buffer the model (expert) axis splits, followed from the weights'
+      layouts through the step (`kdist.planning.propagation`): / its size;
     - with `dtype=`: float buffers in that dtype.
     """
     static = _static(facts)
@@ -198,18 +198,44 @@ def buffer_factors(facts, rows, axes, local_batch):
         full = r.full_bytes or 1
         shard[i] = r.shard_bytes / full
         gathered[i] = r.gathered_bytes / full if r.split_over("fsdp") else 0.0
-    shape_factor = np.ones(len(static["shapes"]))
-    for axis, sizes in sharded_dim_sizes([r for r in rows if r.kind == "trainable"], axes).items():
-        for k, shape in enumerate(static["shapes"]):
-            if any(d in sizes for d in shape):
-                shape_factor[k] /= axes[axis]
-    out = shape_factor[static["shape_index"]]
+    out = model_split_factors(facts, rows, axes)
     out = np.where(static["batch"], out * local_batch / TRACE_BATCH, out)
     rep = static["rep"]  # -1 (no weight) picks the sentinel: shard 1, gathered 0
     out = np.where(static["weighty"], shard[rep], out)
     out = np.where(static["gathered"], gathered[rep], out)
     if facts.dtype is not None:
         out = out * np.where(static["floating"], itemsize(facts.dtype) / static["itemsize"], 1.0)
+    return out
+
+
+def model_split_factors(facts, rows, axes):
+    """Per traced buffer: the share of it one device holds over the model and expert axes (`propagation`).
+
+    Cached per layout of the weights over those axes (and per axis sizes):
+    most candidates of a plan share one.
+    """
+    static, step = _static(facts), facts.traced.step
+    per_representative = [_axis_dims(r.spec) for r in rows[: len(facts.variables)]]
+    layout = tuple(tuple(sorted(s.items())) for s in per_representative)
+    key = (layout, *(axes.get(a, 1) for a in propagation.AXES))
+    cache = static["splits"]
+    if key not in cache:
+        if not any(layout):  # nothing split over a model-parallel axis
+            cache[key] = np.ones(len(step.size))
+        else:
+            if layout not in cache:
+                cache[layout] = propagation.split_axes(step, [per_representative[i] for i in static["rep_of"]])
+            cache[key] = np.array(propagation.factors(cache[layout], step.shape, axes))
+    return cache[key]
+
+
+def _axis_dims(spec):
+    """{axis: dimension} of the model-parallel axes in a layout `spec`."""
+    out = {}
+    for axis in propagation.AXES:
+        dims = split_by(spec, axis)
+        if any(dims):
+            out[axis] = list(dims).index(True)
     return out
 
 
@@ -224,8 +250,6 @@ def _static(facts):
     rep = np.array([rep_of[v] if v >= 0 else -1 for v in var], dtype=int)
     terms = np.array(step.term)
     batch = np.array(step.batch, dtype=bool)
-    shape_ids = {}
-    shape_index = np.array([shape_ids.setdefault(s, len(shape_ids)) for s in step.shape], dtype=int)
     floating = np.array([_floating(d) for d in step.dtype])
     sizes = np.array([_itemsize(d) for d in step.dtype], dtype=float)
     facts._buffer_static = {
@@ -233,10 +257,10 @@ def _static(facts):
         "batch": batch,
         "weighty": (rep >= 0) & (terms != "external") & ~batch & (terms != "gathered") & (terms != "unreduced"),
         "gathered": (terms == "gathered") | (terms == "unreduced"),
-        "shapes": list(shape_ids),
-        "shape_index": shape_index,
         "floating": floating,
         "itemsize": np.where(sizes > 0, sizes, 1.0),
+        "rep_of": rep_of,
+        "splits": {},  # weights' model/expert splits (and axis sizes) -> `propagation.split_axes` (`factors`)
     }
     return facts._buffer_static
 
@@ -253,22 +277,6 @@ def _itemsize(dtype):
         return itemsize(dtype)
     except TypeError:
         return 0
-
-
-def sharded_dim_sizes(rows, axes):
-    """For the model and expert axes: sizes of weight dimensions split over them, minus sizes left whole beside them."""
-    out = {}
-    for axis in ("model", "expert"):
-        if axes.get(axis, 1) == 1:
-            continue
-        split, whole = set(), set()
-        for r in rows:
-            dims = split_by(r.spec, axis)
-            if any(dims):
-                for d, on in zip(r.shape, dims):
-                    (split if on else whole).add(d)
-        out[axis] = split - whole
-    return out
 
 
 def input_bytes(facts, local_batch):

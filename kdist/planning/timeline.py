@@ -35,6 +35,7 @@ class Step:
         self.virtual = {}  # tensor fused into its readers -> the buffers it is computed from
         self.bwd_start = None
         self.sublayer_spans = []  # (first, last event, key) of each sublayer's backward run: `_extend_span`
+        self.looked_up = {}  # weight (or cast) -> whether every call reading it only looks rows up: no FSDP gather
         self._life = self._gradient_kernels = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
         # shapes of the operation it runs; per variable: the events using it and its final gradient buffer.
@@ -89,6 +90,9 @@ class Step:
                 self.cond[mapping[o]] = (inst, o, extra[0], extra[1])
         for x in list(p.a) + list(p.c) + list(p.ct):
             self.readers.setdefault(mapping[x], []).append((inst, x))
+        for x in {*p.w, *p.c, *p.lookups}:
+            if mapping.get(x) is not None:
+                self.looked_up[mapping[x]] = self.looked_up.get(mapping[x], True) and x in p.lookups
         return inst
 
     def add_cotangent(self, cotangents, tensor, ct):
@@ -183,12 +187,15 @@ class Step:
         Without remat XLA gathers once and keeps the copy from the forward use
         to the last backward use. With per-layer remat the recomputed forward
         sits behind an optimization barrier and gathers again: one copy lives
-        through the layer's forward, another through its backward.
+        through the layer's forward, another through its backward. A table
+        only embedding lookups read (`looked_up`) is not gathered.
         """
         events = [(list(m), list(u), ip) for m, u, ip in self.events]
         uses = {}
         for t, (_, used, _) in enumerate(events):
             for x in used:
+                if self.looked_up.get(x):
+                    continue
                 if x in self.weight_of and self.term[x] in ("external", "activations", "backward"):
                     uses.setdefault(self.weight_of[x], []).append(t)
         self.weight_uses = {var: sorted(set(times)) for var, times in uses.items()}

@@ -20,7 +20,7 @@ An estimate, never a measurement (docs/plan.md, "Step time"):
 
 import numpy as np
 
-from kdist.planning.memory_model import sharded_dim_sizes
+from kdist.planning.memory_model import model_split_factors
 from kdist.planning.trace import TRACE_BATCH
 from kdist.units import is_float, itemsize
 
@@ -81,13 +81,8 @@ def step_time(facts, rows, axes, local_batch, comm, factor):
     sizes = np.where(static["external_weight"], per_weight[static["rep"]], sizes)
     hbm = np.bincount(static["pair_event"], weights=sizes[static["pair_buffer"]], minlength=n_events)
     # FLOPs of each kernel on one device: the batch shard, the model/expert split of its operands.
-    split = np.ones(len(static["shapes"]))
-    for axis, dims in sharded_dim_sizes([r for r in rows if r.kind == "trainable"], axes).items():
-        for k, shape in enumerate(static["shapes"]):
-            if any(d in dims for d in shape):
-                split[k] = min(split[k], 1 / axes[axis])
     event_split = np.ones(n_events)
-    np.minimum.at(event_split, static["shape_event"], split[static["shape_id"]])
+    np.minimum.at(event_split, static["pair_event"], model_split_factors(facts, rows, axes)[static["pair_buffer"]])
     # A kernel reading (or making the gradient of) a weight is split as that weight is over model/expert.
     weight_split = np.array([r.gathered_bytes / (r.full_bytes or 1) for r in rows[: len(facts.variables)]] + [1.0])
     event_split = np.where(static["event_rep"] >= 0, weight_split[static["event_rep"]], event_split)
@@ -161,12 +156,7 @@ def _static(facts):
         for b in (*made, *used):
             pair_event.append(t)
             pair_buffer.append(b)
-    shape_ids, shape_event, shape_id, batched = {}, [], [], []
-    for t, shapes in enumerate(step.event_shapes):
-        batched.append(any(d > 0 and d % TRACE_BATCH == 0 for s in shapes for d in s))
-        for s in shapes:
-            shape_event.append(t)
-            shape_id.append(shape_ids.setdefault(s, len(shape_ids)))
+    batched = [any(d > 0 and d % TRACE_BATCH == 0 for s in shapes for d in s) for shapes in step.event_shapes]
     dtypes = sorted(set(step.event_dtype)) or ["float32"]
     rep_of = facts.representative_index([v.path for v in facts.traced.variables])
     var = [step.weight_of.get(g) for g in range(len(step.size))]
@@ -179,9 +169,6 @@ def _static(facts):
         "event_rep": event_rep,
         "pair_event": np.array(pair_event, dtype=int),
         "pair_buffer": np.array(pair_buffer, dtype=int),
-        "shapes": list(shape_ids),
-        "shape_event": np.array(shape_event, dtype=int),
-        "shape_id": np.array(shape_id, dtype=int),
         "batched": np.array(batched, dtype=bool),
         "flops": np.array(step.event_flops, dtype=np.float64),
         "dtypes": dtypes,

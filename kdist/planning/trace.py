@@ -19,6 +19,7 @@ import keras
 from jax.extend.core import Literal
 
 from kdist.keras_internals import operation_fn, sublayers
+from kdist.planning.propagation import PARAMS
 
 TRACE_BATCH = 7919  # a prime batch size: batch dimensions are recognisable in traced shapes, sizes scale linearly
 
@@ -48,6 +49,7 @@ class Flat:
         self.size, self.shape, self.dtype, self.eqns = [], [], [], []
         self.flops = []  # per equation: multiply-add FLOPs x 2 of matrix products and convolutions, else 0
         self.scopes = []  # per equation: its name stack, e.g. "transpose(jvp(block))/self_attention/softmax"
+        self.params = []  # per equation: the parameter `kdist.planning.propagation` reads, or None
 
     def new(self, aval):
         """A new value id for an abstract value (bytes at the traced shape)."""
@@ -124,6 +126,7 @@ def flatten(jaxpr, in_ids, flat, scope=""):
         flat.eqns.append((eqn.primitive.name, [i for i in ins if i is not None], outs))
         flat.flops.append(eqn_flops(eqn))
         flat.scopes.append(stack)
+        flat.params.append(eqn.params.get(PARAMS[eqn.primitive.name]) if eqn.primitive.name in PARAMS else None)
     return [get(v) for v in jaxpr.outvars]
 
 

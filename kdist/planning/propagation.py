@@ -1,0 +1,244 @@
+"""Which traced buffers the model and expert axes split: the weights' layouts followed through the step.
+
+XLA's sharding propagation (GSPMD) starts from the weights' shardings and
+carries each split dimension through the operations that read it.
+`split_axes` does the same over every call of the step in the order it runs
+(a layer's inputs take their producer's split):
+
+- forward, operation by operation: an elementwise operation keeps a split,
+  a matrix product keeps the splits of its free and batch dimensions and
+  drops those it contracts (a partial sum, then an all-reduce or a
+  reduce-scatter), a reduction drops the split of a reduced dimension, a
+  reshape, transpose, broadcast or table lookup moves it. Where two operands
+  of a matrix product bring one axis on different dimensions the weight's
+  (the right operand's) wins;
+- back from readers: a value an elementwise operation combines with a split
+  one of the same shape is split too (a dropout's random bits and mask);
+- a buffer a matrix product contracts on a split dimension the other operand
+  does not split is gathered whole before it (a normalized residual stream
+  read by a projection whose kernel splits its output): counted whole, as
+  XLA keeps the gathered copy for the backward on some meshes (docs/plan.md).
+
+A model whose rules put the hidden size of a position table on 'model' has
+its residual stream split over 'model', as in XLA's compile; one whose rules
+split only heads and MLP widths keeps it whole. Only the model-parallel axes
+are followed: a batch dimension is split over data x fsdp
+(`memory_model.buffer_factors`), a weight and its copies as its placement
+says. An operation without a rule here makes whole outputs.
+"""
+
+import math
+
+AXES = ("model", "expert")
+
+# Operations whose output has the operand's dimensions in the same positions (sizes may differ: slicing, padding).
+_SAME_POSITIONS = frozenset(
+    """add add_any sub mul div neg max min abs sign exp exp2 log log1p expm1 tanh logistic erf erfc erf_inv sin cos
+    tan sqrt rsqrt cbrt pow integer_pow square select_n convert_element_type eq ne lt le gt ge and or not xor floor
+    ceil round is_finite nextafter clamp shift_left shift_right_logical shift_right_arithmetic bitcast_convert_type
+    copy copy_p atan2 rem stop_gradient reduce_precision pad slice dynamic_slice dynamic_update_slice rev mul_add
+    logaddexp split cumsum cumlogsumexp cummax cummin cumprod optimization_barrier select_and_gather_add tile sort
+    scatter scatter-add scatter_add scatter-sub scatter_sub scatter-mul scatter_mul scatter-min scatter_min
+    scatter-max scatter_max""".split()
+)
+_REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin".split())
+# The parameters the rules below read, kept per traced operation by `trace.flatten`.
+PARAMS = {
+    "dot_general": "dimension_numbers",
+    "broadcast_in_dim": "broadcast_dimensions",
+    "transpose": "permutation",
+    "squeeze": "dimensions",
+    "concatenate": "dimension",
+    "stack": "axis",
+    "unstack": "axis",
+    "gather": "dimension_numbers",
+    "conv_general_dilated": "dimension_numbers",
+    **{r: "axes" for r in _REDUCTIONS},
+}
+
+
+def split_axes(step, weight_splits):
+    """Per buffer of `step`: {axis: dimension} of the model-parallel axes that split it ({} when none).
+
+    `weight_splits`: per variable index (`step.weight_of`), {axis: dimension}
+    of its layout on the candidate mesh. A call whose inputs are split as an
+    earlier call's of the same program were (a Llama's identical blocks)
+    reuses that call's result.
+    """
+    splits = [{} for _ in step.size]
+    for g, var in step.weight_of.items():
+        if step.term[g] == "external":
+            splits[g] = dict(weight_splits[var])
+    forward = {}  # per call (its mapping): its forward run's key and local splits, read by its backward run
+    memo = {}  # run key -> (local splits, local ids a matrix product gathers -> axes)
+    gathered = {}  # buffer -> the axes a matrix product gathers it over
+    for item in step.agenda:
+        if item[0] == "acc":
+            splits[item[1]] = _merged([splits[x] for x in item[2]])
+        if item[0] != "run":
+            continue
+        _, (p, mapping), lo, hi = item
+        before, env = forward.get(id(mapping), (None, {}))
+        fixed = frozenset(x for x, g in mapping.items() if g is not None and _fixed(step, g))
+        given = {x: splits[mapping[x]] for x in (*p.w, *p.c, *p.a, *p.ct) if mapping.get(x) is not None}
+        key = (id(p), lo, before, fixed, tuple(sorted((x, tuple(sorted(s.items()))) for x, s in given.items())))
+        if key not in memo:
+            memo[key] = _run(p.flat, lo, hi, dict(env), given, fixed)
+        env, gathered_here = memo[key]
+        forward[id(mapping)] = (key, env)
+        for x, s in env.items():
+            g = mapping.get(x)
+            if g is not None and not _fixed(step, g):
+                splits[g] = s
+        for x, axes in gathered_here.items():
+            if mapping.get(x) is not None:
+                gathered.setdefault(mapping[x], set()).update(axes)
+    for g, axes in gathered.items():  # read whole by a matrix product: XLA keeps the gathered copy
+        if not _fixed(step, g):
+            splits[g] = {a: d for a, d in splits[g].items() if a not in axes}
+    return splits
+
+
+def _run(f, lo, hi, env, given, fixed):
+    """Operations lo..hi of program `f`: the local splits after them (`env` extended) and the values gathered."""
+    gathered = {}
+    for i in range(lo, hi):
+        name, ins, outs = f.eqns[i]
+        operands = []
+        for x in ins:
+            if x not in env:
+                env[x] = given.get(x, {})
+            operands.append(env[x])
+        made = _rule(name, f.params[i], operands, [f.shape[x] for x in ins], [f.shape[o] for o in outs])
+        for o, s in zip(outs, made):
+            env[o] = s
+        if name == "dot_general":
+            for x, axes in zip(ins, _gathered(f.params[i], operands)):
+                if axes:
+                    gathered.setdefault(x, set()).update(axes)
+    for i in range(hi - 1, lo - 1, -1):  # back from readers: a value an elementwise reader splits is split
+        name, ins, outs = f.eqns[i]
+        if name in _SAME_POSITIONS and outs and env[outs[0]]:
+            for x in ins:
+                if not env[x] and f.shape[x] == f.shape[outs[0]] and x not in fixed:
+                    env[x] = env[outs[0]]
+    return env, gathered
+
+
+def _fixed(step, g):
+    """Whether buffer `g` keeps the split it starts with: a weight or a copy of one, a model input."""
+    return step.term[g] == "external" or g in step.weight_of
+
+
+def factors(splits, shapes, axes):
+    """Per buffer: the share of it one device holds, its split dimensions divided by `axes` (role -> size).
+
+    A dimension of n split m ways is padded to a multiple of m: a device holds ceil(n / m) of its n.
+    """
+    out = [1.0] * len(splits)
+    for g, s in enumerate(splits):
+        for axis, d in s.items():
+            n, m = shapes[g][d], axes.get(axis, 1)
+            if n and m > 1:
+                out[g] *= -(-n // m) / n
+    return out
+
+
+def _merged(operands):
+    """The splits of several operands of one operation together (the first operand's dimension for each axis)."""
+    out = {}
+    for s in operands:
+        for axis, d in s.items():
+            out.setdefault(axis, d)
+    return out
+
+
+def _rule(name, params, operands, in_shapes, out_shapes):
+    """The split of each output of one operation, from its operands' splits and shapes."""
+    if not any(operands):
+        return [{} for _ in out_shapes]
+    rank = len(out_shapes[0]) if out_shapes else 0
+    if name == "dot_general":
+        return [_dot(params, operands, in_shapes)]
+    if name == "broadcast_in_dim":
+        return [{a: params[d] for a, d in operands[0].items()}]
+    if name == "transpose":
+        return [{a: list(params).index(d) for a, d in operands[0].items()}]
+    if name in _REDUCTIONS or name == "squeeze":
+        dropped = set(params)
+        return [{a: d - sum(r < d for r in dropped) for a, d in operands[0].items() if d not in dropped}]
+    if name == "reshape":
+        return [_reshape(operands[0], in_shapes[0], out_shapes[0])]
+    if name == "concatenate":
+        return [{a: d for a, d in _merged(operands).items() if d != params}]
+    if name == "stack":  # a new dimension at `params`
+        return [{a: d + (d >= params) for a, d in _merged(operands).items()}]
+    if name == "unstack":  # dimension `params` taken apart
+        return [{a: d - (d > params) for a, d in operands[0].items() if d != params} for _ in out_shapes]
+    if name == "gather":
+        return [_gather(params, operands[0], in_shapes[0])]
+    if name == "conv_general_dilated":
+        return [_conv(params, operands)]
+    if name in _SAME_POSITIONS:
+        same = [s for s, shape in zip(operands, in_shapes) if len(shape) == rank]
+        return [_merged(same) for _ in out_shapes]
+    return [{} for _ in out_shapes]  # an operation not followed: its outputs are counted whole
+
+
+def _dot(params, operands, in_shapes):
+    """The output's splits: batch dimensions first, then the left operand's free ones, then the right's."""
+    (lc, rc), (lb, rb) = params
+    lhs, rhs = operands[0], operands[1] if len(operands) > 1 else {}
+    lfree = [d for d in range(len(in_shapes[0])) if d not in lc and d not in lb]
+    rfree = [d for d in range(len(in_shapes[1])) if d not in rc and d not in rb]
+    position = {}
+    for side, batch, free, offset in ((rhs, rb, rfree, len(lb) + len(lfree)), (lhs, lb, lfree, len(lb))):
+        for axis, d in side.items():
+            if d in batch:
+                position.setdefault(axis, list(batch).index(d))
+            elif d in free:
+                position.setdefault(axis, offset + free.index(d))
+    return position
+
+
+def _gathered(params, operands):
+    """Per operand of a matrix product: the axes it is gathered over (split on a dimension it contracts alone)."""
+    (lc, rc), _ = params
+    lhs, rhs = operands[0], operands[1] if len(operands) > 1 else {}
+    out = []
+    for side, other, mine, theirs in ((lhs, rhs, lc, rc), (rhs, lhs, rc, lc)):
+        out.append({a for a, d in side.items() if d in mine and other.get(a) != theirs[list(mine).index(d)]})
+    return out
+
+
+def _reshape(split, shape, new_shape):
+    """A split dimension keeps its split where the reshape keeps it leading: same elements before it."""
+    starts = {math.prod(new_shape[:e]): e for e in range(len(new_shape)) if new_shape[e] > 1}
+    out = {}
+    for axis, d in split.items():
+        e = starts.get(math.prod(shape[:d]))
+        if e is not None and (new_shape[e] % shape[d] == 0 or shape[d] % new_shape[e] == 0):
+            out[axis] = e
+    return out
+
+
+def _gather(dimension_numbers, operand, shape):
+    """A table's split survives a lookup on its other dimensions (a position table's hidden size)."""
+    kept = [
+        d
+        for d in range(len(shape))
+        if d not in dimension_numbers.collapsed_slice_dims
+        and d not in getattr(dimension_numbers, "operand_batching_dims", ())
+    ]
+    return {a: dimension_numbers.offset_dims[kept.index(d)] for a, d in operand.items() if d in kept}
+
+
+def _conv(dimension_numbers, operands):
+    """A kernel's split output features split the output's features; the input's batch split stays."""
+    lhs, rhs = operands[0], operands[1] if len(operands) > 1 else {}
+    lhs_spec, rhs_spec, out_spec = dimension_numbers
+    out = {a: out_spec[1] for a, d in rhs.items() if d == rhs_spec[0]}
+    for a, d in lhs.items():
+        if d == lhs_spec[0]:
+            out.setdefault(a, out_spec[0])
+    return out

@@ -1,0 +1,137 @@
+"""Following the weights' model-axis splits through the traced step, and the lookups FSDP gathers nothing for."""
+
+import keras
+from jax.lax import GatherDimensionNumbers
+
+import kdist
+from kdist.planning.facts import ModelFacts
+from kdist.planning.propagation import _gathered, _reshape, _rule, split_axes
+from kdist.planning.step import trace_step
+from kdist.planning.targets import resolve_target
+from kdist.planning.trace import TRACE_BATCH
+
+SEQUENCE, HIDDEN, WIDTH, VOCABULARY = 16, 32, 64, 50
+
+
+def _language_model():
+    """Token and position tables summed into a residual stream, a normalized MLP with dropout added, an output head."""
+    tokens = keras.Input((SEQUENCE,), dtype="int32")
+    positions = keras.Input((SEQUENCE,), dtype="int32")
+    h = keras.layers.Embedding(VOCABULARY, HIDDEN, name="token_table")(tokens)
+    h = h + keras.layers.Embedding(SEQUENCE, HIDDEN, name="position_table")(positions)
+    x = keras.layers.Dense(WIDTH, activation="gelu", name="up")(keras.layers.LayerNormalization(name="norm")(h))
+    h = h + keras.layers.Dense(HIDDEN, name="down")(keras.layers.Dropout(0.1)(x))
+    return keras.Model([tokens, positions], keras.layers.Dense(VOCABULARY, name="head")(h))
+
+
+class _TiedTable(keras.layers.Layer):
+    """Looks tokens up in its table and multiplies by the same table: an embedding tied to the output head."""
+
+    def build(self, shape):
+        self.table = self.add_weight((VOCABULARY, HIDDEN), name="embeddings")
+
+    def call(self, tokens):
+        h = keras.ops.take(self.table, tokens, axis=0)
+        return keras.ops.matmul(h, keras.ops.transpose(self.table))
+
+
+def _tied():
+    tokens = keras.Input((SEQUENCE,), dtype="int32")
+    return keras.Model(tokens, _TiedTable(name="tied")(tokens))
+
+
+def _traced(build):
+    model = kdist.abstract_model(build)
+    facts = ModelFacts(model, "adam", None, None, None, resolve_target("gpu"))
+    return trace_step(model, facts.inputs)
+
+
+def _splits(traced, layout):
+    """`split_axes` with the weights laid out as `layout` says ({"up/kernel": {"model": 1}}; others whole)."""
+    return split_axes(traced.step, [layout.get(v.path, {}) for v in traced.variables])
+
+
+def _buffers(step, shape):
+    """The activations and backward temporaries of `shape` some kernel makes."""
+    made = {g for m, _, _ in step.events for g in m}
+    return [g for g in made if step.shape[g] == shape and step.term[g] in ("activations", "backward")]
+
+
+def _input_of(step, layer):
+    """The buffer the forward call of `layer` reads."""
+    for item in step.agenda:
+        if item[0] == "run" and item[1][0].name == layer and item[2] == 0:
+            p, mapping = item[1]
+            return mapping[p.a[0]]
+    raise AssertionError(layer)
+
+
+MEGATRON = {"up/kernel": {"model": 1}, "up/bias": {"model": 0}, "down/kernel": {"model": 0}}
+
+
+def test_a_column_then_row_parallel_mlp_splits_its_width_and_keeps_the_residual_stream_whole():
+    traced = _traced(_language_model)
+    splits = _splits(traced, {**MEGATRON, "token_table/embeddings": {"model": 0}})
+    wide = _buffers(traced.step, (TRACE_BATCH, SEQUENCE, WIDTH))
+    residual = _buffers(traced.step, (TRACE_BATCH, SEQUENCE, HIDDEN))
+    assert wide and all(splits[g] == {"model": 2} for g in wide)  # the dropout's mask too: split as its reader
+    assert residual and not any(splits[g] for g in residual)  # the lookup drops a vocabulary split
+
+
+def test_a_position_table_split_on_its_hidden_size_splits_the_residual_stream():
+    traced = _traced(_language_model)
+    splits = _splits(traced, {**MEGATRON, "position_table/embeddings": {"model": 1}})
+    residual = _buffers(traced.step, (TRACE_BATCH, SEQUENCE, HIDDEN))
+    assert any(splits[g] == {"model": 2} for g in residual)  # what the normalization saves for the backward
+    # The up projection contracts the hidden size while its kernel splits its width: XLA gathers its input whole.
+    assert splits[_input_of(traced.step, "up")] == {}
+
+
+def test_weights_split_on_no_axis_split_nothing():
+    traced = _traced(_language_model)
+    assert not any(_splits(traced, {}))
+
+
+def test_a_matrix_product_keeps_the_splits_of_free_and_batch_dimensions_and_drops_contracted_ones():
+    numbers = (((2,), (0,)), ((), ()))  # (batch, sequence, hidden) x (hidden, width)
+    shapes = [(4, 8, 16), (16, 32)]
+    assert _rule("dot_general", numbers, [{}, {"model": 1}], shapes, [(4, 8, 32)]) == [{"model": 2}]
+    assert _rule("dot_general", numbers, [{"model": 2}, {"model": 0}], shapes, [(4, 8, 32)]) == [{}]
+    scores = (((3,), (3,)), ((0, 2), (0, 2)))  # (b, s, heads, d) x (b, s, heads, d) -> (b, heads, s, s)
+    assert _rule("dot_general", scores, [{"model": 2}, {"model": 2}], [(4, 8, 2, 16)] * 2, [(4, 2, 8, 8)]) == [
+        {"model": 1}
+    ]
+
+
+def test_an_operand_split_on_a_dimension_only_it_contracts_is_gathered():
+    numbers = (((2,), (0,)), ((), ()))
+    assert _gathered(numbers, [{"model": 2}, {"model": 1}]) == [{"model"}, set()]
+    assert _gathered(numbers, [{"model": 2}, {"model": 0}]) == [set(), set()]  # both contract it: a partial sum
+
+
+def test_a_split_moves_with_transposes_broadcasts_reshapes_and_reductions():
+    assert _rule("transpose", (0, 2, 1, 3), [{"model": 1}], [(4, 8, 2, 16)], [(4, 2, 8, 16)]) == [{"model": 2}]
+    assert _rule("broadcast_in_dim", (0, 2), [{"model": 1}], [(4, 16)], [(4, 1, 16)]) == [{"model": 2}]
+    assert _rule("reduce_sum", (1,), [{"model": 2}], [(4, 8, 16)], [(4, 16)]) == [{"model": 1}]
+    assert _rule("reduce_sum", (2,), [{"model": 2}], [(4, 8, 16)], [(4, 8)]) == [{}]  # an all-reduce
+    assert _reshape({"model": 2}, (4, 8, 2, 16), (4, 8, 32)) == {"model": 2}  # heads x head size merged: heads lead
+    assert _reshape({"model": 3}, (4, 8, 2, 16), (4, 8, 32)) == {}  # the head size is not leading: whole
+    assert _rule("unknown_primitive", None, [{"model": 0}], [(4,)], [(4,)]) == [{}]  # not followed: whole
+
+
+def test_a_table_lookup_keeps_the_split_of_the_looked_up_rows_and_drops_the_one_it_indexes():
+    lookup = GatherDimensionNumbers(offset_dims=(2,), collapsed_slice_dims=(0,), start_index_map=(0,))
+    shapes = [(50, 32), (4, 8, 1)]
+    assert _rule("gather", lookup, [{"model": 1}, {}], shapes, [(4, 8, 32)]) == [{"model": 2}]
+    assert _rule("gather", lookup, [{"model": 0}, {}], shapes, [(4, 8, 32)]) == [{}]
+
+
+def test_a_table_only_looked_up_is_not_gathered_by_fsdp_a_tied_one_is():
+    step = _traced(_language_model).step
+    table = next(g for g, s in enumerate(step.shape) if s == (VOCABULARY, HIDDEN) and step.term[g] == "external")
+    head = next(g for g, s in enumerate(step.shape) if s == (HIDDEN, VOCABULARY) and step.term[g] == "external")
+    assert step.looked_up[table] and not step.looked_up.get(head)
+    assert step.weight_of[table] not in step.weight_uses and step.weight_of[head] in step.weight_uses
+    tied = _traced(_tied).step
+    table = next(g for g, s in enumerate(tied.shape) if s == (VOCABULARY, HIDDEN) and tied.term[g] == "external")
+    assert not tied.looked_up[table] and tied.weight_of[table] in tied.weight_uses
