@@ -90,6 +90,15 @@ CONFIGS = [
         512,
     ),
     (
+        # Biases, layer norms and ALiBi (no position table), GPT-2's widths: on model=8 XLA delays the weight-gradient
+        # kernels as on batch-split meshes (docs/plan.md, "Weight-gradient kernels wait for their reduction")
+        "bloom h512 4 layers v8192 b32 s512",
+        "BloomBackbone",
+        dict(vocabulary_size=8192, num_layers=4, num_heads=8, hidden_dim=512, intermediate_dim=2048),
+        32,
+        512,
+    ),
+    (
         "vit h384 4 layers p16 224 b64",
         "ViTBackbone",
         dict(image_shape=(224, 224, 3), patch_size=16, num_layers=4, num_heads=6, hidden_dim=384, mlp_dim=1536),

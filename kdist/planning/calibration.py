@@ -65,8 +65,8 @@ BANDS = (
         "flags 1.006-1.073 and kdist's tiny transformer 1.134 and 1.264, 5 with autotuning off 0.992-1.009; "
         f"{DEVICELESS_RESULTS}: keras-hub Llama, GPT-2, ViT on 1 and 2 "
         f"(data) devices 0.975-1.012, kdist's tiny transformer 1.109 and 1.204; {SHARDED_RESULTS}: small Llama, "
-        f"GPT-2, BERT, ViT on data=8 0.940-1.011, Gemma-2B's widths (2 layers) 1.014; {SHARDED_64_RESULTS}: Llama, "
-        "GPT-2 on data=64 0.946-0.981",
+        f"GPT-2, BERT, Bloom, ViT on data=8 0.940-1.011, Gemma-2B's widths (2 layers) 1.014; "
+        f"{SHARDED_64_RESULTS}: Llama, GPT-2 on data=64 0.946-0.981",
     ),
     BandClass(
         "single",
@@ -83,17 +83,17 @@ BANDS = (
         0.86,
         1.22,
         f"{DEVICELESS_RESULTS}: Llama-0.5B fsdp=2 0.984, fsdp=4 0.988; {SHARDED_RESULTS}: small Llama, GPT-2, "
-        f"BERT, ViT on 3 fsdp meshes of 8 0.962-1.050, Gemma-2B's widths (2 layers, vocabulary 256000) 0.860-1.005; "
-        f"{SHARDED_64_RESULTS}: Llama, GPT-2 on 6 fsdp meshes of 64 "
-        f"0.945-1.014; {ISSUE_21}: GPT-2 small fsdp=8 1.22",
+        f"BERT, Bloom, ViT on 3 fsdp meshes of 8 0.962-1.050, Gemma-2B's widths (2 layers, vocabulary 256000) "
+        f"0.860-1.005; {SHARDED_64_RESULTS}: Llama, GPT-2 on 6 fsdp meshes of 64 0.945-1.014; {ISSUE_21}: GPT-2 small "
+        "fsdp=8 1.22",
     ),
     BandClass(
         "model",
         "transformer",
         0.43,
         2.23,
-        f"{DEVICELESS_RESULTS}: Llama-0.5B with a model axis 0.993-1.009; {SHARDED_RESULTS}: small Llama, GPT-2, "
-        f"BERT, ViT on 6 model-axis meshes of 8 0.832-1.048, Gemma-2B's widths (2 layers) 0.746-1.021; "
+        f"{DEVICELESS_RESULTS}: Llama-0.5B with a model axis 0.989-1.008; {SHARDED_RESULTS}: small Llama, GPT-2, "
+        f"BERT, Bloom, ViT on 6 model-axis meshes of 8 0.832-1.035, Gemma-2B's widths (2 layers) 0.746-1.021; "
         f"{SHARDED_64_RESULTS}: Llama, GPT-2 on 21 model-axis "
         f"meshes of 64 0.681-1.025 (GPT-2 model=8 0.681-0.827); {ISSUE_21}, before layer outputs were laid out "
         "batch-split under fsdp (not re-measured since): Gemma-2B fsdp x model 1.49-2.22, Llama bf16 up to 1.28, "

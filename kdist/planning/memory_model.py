@@ -155,16 +155,19 @@ def scheduler_lasts(step, last, axes):
 
 
 def reduction_order_lasts(step, factor, axes):
-    """Each buffer's last read when the mesh reduces gradients over batch axes, or None when it does not.
+    """Each buffer's last read when weight-gradient kernels wait, or None on one device (nothing waits).
 
     XLA:GPU combines the gradients' reductions into groups of up to
     `comm.COMBINE_THRESHOLD`, and its scheduler runs a weight-gradient kernel near the
-    reduction that reads it rather than where the trace makes it. Modelled:
-    the kernels are grouped in the order the backward makes their gradients,
-    and the operands of each (the layer's input and output cotangent) stay
-    alive until the group's last kernel (docs/plan.md).
+    reduction that reads it rather than where the trace makes it. On a mesh
+    with a model axis and no batch split it delays them too, among the model
+    axis's all-reduces (a Bloom on model=8: a layer's norm-weight gradients
+    run after the next layer's backward has begun). Modelled on every mesh of
+    several devices: the kernels are grouped in the order the backward makes
+    their gradients, and the operands of each (the layer's input and output
+    cotangent) stay alive until the group's last kernel (docs/plan.md).
     """
-    if axes.get("data", 1) * axes.get("fsdp", 1) == 1:
+    if math.prod(axes.values()) == 1:
         return None
     _, last, _, _ = step.lifetimes()
     last, sizes = last.copy(), np.asarray(step.size, dtype=np.float64) * factor

@@ -67,7 +67,7 @@ def _stored_rows(fused=False):
 
 def test_every_stored_row_falls_in_the_band_of_its_class():
     rows = _stored_rows()
-    assert len(rows) == 9 + 24 + 14 + 50 + 56
+    assert len(rows) == 9 + 24 + 14 + 60 + 56
     for kind, family, ratio in rows:
         band, why = band_class(_axes("data=1") if kind == "single" else {kind: 2}, family)
         assert not why and band.low <= ratio <= band.high, (kind, family, ratio)
@@ -117,7 +117,7 @@ def test_on_several_devices_xla_exceeds_the_estimate_by_at_most_lhs_high_the_mos
     """The safety rule on meshes with collectives: the estimate is never more than 5% under XLA:GPU's figure."""
     cited = [r for path in (LHS_RESULTS, DEVICELESS_RESULTS, SHARDED_RESULTS, SHARDED_64_RESULTS) for r in
              _several_devices(path)]  # fmt: skip
-    assert len(cited) == 72 + 7 + 50 + 56
+    assert len(cited) == 72 + 7 + 60 + 56
     assert LHS_HIGH == pytest.approx(-(-max(cited) * 1000 // 1) / 1000)
     held_out = [r for path in HELD_OUT for r in _several_devices(path)]
     assert len(held_out) == 45 and max(held_out) <= LHS_HIGH  # rows LHS_HIGH was not drawn from

@@ -129,7 +129,7 @@ def test_an_embedding_gradient_is_scattered_in_place_into_its_zeros():
 
 
 def test_reduced_gradients_keep_their_kernels_operands_until_their_group_is_reduced(llama, monkeypatch):
-    """Over a batch axis XLA runs a weight-gradient kernel as late as its combined reduction (docs/plan.md)."""
+    """XLA runs a weight-gradient kernel as late as its combined reduction, on a model axis too (docs/plan.md)."""
     monkeypatch.setattr(memory_model, "scheduler_lasts", lambda step, last, axes: last)  # that model alone
     one = _one(llama, 4, 128)
     data = lambda: kdist.plan(llama, 2, batch_size=8, sequence_length=128).candidate("data=2")  # noqa: E731
@@ -138,7 +138,7 @@ def test_reduced_gradients_keep_their_kernels_operands_until_their_group_is_redu
     monkeypatch.setattr(comm, "COMBINE_THRESHOLD", 1)  # each gradient reduced as soon as it is made
     assert _step_buffers(data()) == _step_buffers(one)  # the same per-device batch, the trace order's lifetimes
     assert _step_buffers(combined) > _step_buffers(one)
-    assert model().peak == unchanged.peak  # no gradient is reduced over the model axis
+    assert model().peak < unchanged.peak  # on a model axis too: each kernel alone no longer waits
     monkeypatch.setattr(comm, "COMBINE_THRESHOLD", 2**60)  # one reduction of every gradient, at the end
     assert _step_buffers(data()) >= _step_buffers(combined)
 
