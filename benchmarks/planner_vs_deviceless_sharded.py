@@ -27,6 +27,11 @@ without compiling.
 plan and compile configs that no band cites (`HELD_OUT`: Qwen2 at sequence
 256, OPT, a mixed-precision Llama on 8 devices; Mistral on 16) into
 planner_vs_deviceless_held_out.json and planner_vs_deviceless_held_out_16.json.
+
+    ... planner_vs_deviceless_sharded.py --moe
+
+plans and compiles kdist's tiny mixture-of-experts configs (`MOE`) into
+planner_vs_deviceless_moe.json.
 """
 
 import argparse
@@ -37,6 +42,9 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
+
+from kdist.rules.hub import BACKBONES  # noqa: E402  (after JAX_PLATFORMS: importing kdist imports jax)
+from kdist.zoo import TINY  # noqa: E402
 
 DEVICES = 8
 # How every deviceless benchmark plans and compiles: H100s, attention materialized (deviceless XLA cannot take
@@ -105,6 +113,15 @@ CONFIGS = [
         64,
         None,
     ),
+]
+
+
+# Mixture-of-experts backbones: kdist's tiny zoo configs (hidden 64, 2 layers, 4 experts, top 2) at a batch that makes
+# the step tens of MB per device. `--moe` plans and compiles them into planner_vs_deviceless_moe.json: where the
+# estimate does not model XLA's expert layers under fsdp (`calibration.MOE_FSDP_HIGH`).
+MOE = [
+    (f"{family} h64 2 layers 4 experts v256 b256 s64", BACKBONES[family], TINY[family], 256, 64)
+    for family in ("mixtral", "qwen3_moe", "gpt_oss")
 ]
 
 
@@ -179,9 +196,12 @@ def main():
     parser.add_argument(
         "--reestimate", action="store_true", help="recompute the stored rows' estimates, keeping XLA's figures"
     )
+    parser.add_argument("--moe", action="store_true", help="the tiny mixture-of-experts configs (MOE) instead")
     args = parser.parse_args()
     devices = args.devices
-    if args.held_out:
+    if args.moe:
+        configs, name = MOE, "moe"
+    elif args.held_out:
         configs, name = (HELD_OUT[:-1] if devices == DEVICES else HELD_OUT[-1:]), "held_out"
     else:
         configs, name = CONFIGS, "sharded"

@@ -17,6 +17,8 @@ from kdist.planning.calibration import (
     LHS_RESULTS,
     MEASURED_RESULTS,
     MEASURED_STEP,
+    MOE_FSDP_HIGH,
+    MOE_RESULTS,
     SHARDED_64_RESULTS,
     SHARDED_RESULTS,
     SHORT_STEP,
@@ -192,6 +194,20 @@ def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():
     assert model8.band == (int(model8.peak * 0.43), int(model8.peak * 2.23))
     assert any("model-axis transformers -57%/+123%" in note for note in result.notes)
     assert result.recommendation.band_class in result.reason
+
+
+def test_experts_on_an_fsdp_mesh_get_a_band_up_to_the_most_xla_took_over_the_estimate():
+    """Mixture-of-experts on fsdp: not modelled, so the band reaches XLA's largest excess on the stored MoE rows."""
+    rows = json.loads((ROOT / MOE_RESULTS).read_text())["rows"]
+    on_fsdp = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _axes(r["mesh"]).get("fsdp", 1) > 1]
+    assert len(on_fsdp) >= 20 and MOE_FSDP_HIGH == pytest.approx(-(-max(on_fsdp) * 100 // 1) / 100)
+    pytest.importorskip("keras_hub")
+    from kdist import zoo
+
+    result = kdist.plan(zoo.load_model("tiny-mixtral"), 8, batch_size=16, sequence_length=16)
+    fsdp, data = result.candidate("fsdp=8"), result.candidate("data=8")
+    assert fsdp.band[1] == int(fsdp.peak * MOE_FSDP_HIGH) and "experts on an fsdp mesh" in fsdp.band_why
+    assert "experts" not in data.band_why and data.band[1] < int(data.peak * MOE_FSDP_HIGH)
 
 
 def test_unsure_estimates_get_a_wider_band_and_say_why():
