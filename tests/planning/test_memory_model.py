@@ -134,11 +134,11 @@ def test_reduced_gradients_keep_their_kernels_operands_until_their_group_is_redu
     one = _one(llama, 4, 128)
     data = lambda: kdist.plan(llama, 2, batch_size=8, sequence_length=128).candidate("data=2")  # noqa: E731
     model = lambda: kdist.plan(llama, 2, batch_size=4, sequence_length=128).candidate("model=2")  # noqa: E731
-    combined, unchanged = data(), model()
+    combined, combined_model = data(), model()
     monkeypatch.setattr(comm, "COMBINE_THRESHOLD", 1)  # each gradient reduced as soon as it is made
     assert _step_buffers(data()) == _step_buffers(one)  # the same per-device batch, the trace order's lifetimes
     assert _step_buffers(combined) > _step_buffers(one)
-    assert model().peak < unchanged.peak  # on a model axis too: each kernel alone no longer waits
+    assert model().peak < combined_model.peak  # on a model axis too: each kernel alone no longer waits
     monkeypatch.setattr(comm, "COMBINE_THRESHOLD", 2**60)  # one reduction of every gradient, at the end
     assert _step_buffers(data()) >= _step_buffers(combined)
 
