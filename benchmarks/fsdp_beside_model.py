@@ -16,7 +16,6 @@ Writes benchmarks/results/fsdp_beside_model.json.
 """
 
 import dataclasses
-import importlib
 import itertools
 import json
 import math
@@ -25,7 +24,7 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 
-from planner_vs_deviceless_sharded import CONFIGS, PLAN_OPTIONS, VERIFY_TARGET, compiled_rows  # noqa: E402
+from planner_vs_deviceless_sharded import CONFIGS, PLAN_OPTIONS, VERIFY_TARGET, compiled_rows, hub_builder  # noqa: E402
 
 MESHES = ["data=2,fsdp=2,model=2", "fsdp=4,model=2", "fsdp=2,model=4"]
 # The Llama, GPT-2 and BERT of planner_vs_deviceless_sharded.py (this folder is the script's sys.path[0]).
@@ -57,11 +56,10 @@ def joint_fsdp(original):
 
 
 def main():
-    import kdist  # before keras_hub: selects the JAX backend
+    import kdist
     from kdist.machine import machine_info
     from kdist.rules.placer import Placer
 
-    keras_hub = importlib.import_module("keras_hub")
     kdist.fake_devices(8)
     original, rows = Placer._fsdp, []
     for (name, (cls, config)), placement in itertools.product(
@@ -70,7 +68,7 @@ def main():
         Placer._fsdp = original if placement.startswith("kdist") else joint_fsdp(original)
         try:
             result = kdist.plan(
-                lambda cls=cls, config=config: getattr(keras_hub.models, cls)(**config),
+                hub_builder(cls, config),
                 8,
                 batch_size=32,
                 sequence_length=512,

@@ -116,6 +116,11 @@ CONFIGS = [
 ]
 
 
+def hub_builder(cls, config):
+    """A function building keras-hub's backbone `cls` with `config` (keras-hub imported when it runs, after kdist)."""
+    return lambda: getattr(importlib.import_module("keras_hub").models, cls)(**config)
+
+
 # Mixture-of-experts backbones: kdist's tiny zoo configs (hidden 64, 2 layers, 4 experts, top 2) at a batch that makes
 # the step tens of MB per device. `--moe` plans and compiles them into planner_vs_deviceless_moe.json: where the
 # estimate does not model XLA's expert layers under fsdp (`calibration.MOE_FSDP_HIGH`).
@@ -210,10 +215,8 @@ def main():
     out = Path(__file__).parent / "results" / f"planner_vs_deviceless_{name}{suffix}.json"
     earlier = json.loads(out.read_text()) if out.exists() else None
 
-    import kdist  # before keras_hub: selects the JAX backend
+    import kdist
     from kdist.machine import machine_info
-
-    keras_hub = importlib.import_module("keras_hub")
 
     kdist.fake_devices(devices)
     rows = []
@@ -225,7 +228,7 @@ def main():
             continue
         start = time.perf_counter()
         result = kdist.plan(
-            lambda cls=cls, config=config: getattr(keras_hub.models, cls)(**config),
+            hub_builder(cls, config),
             devices,
             batch_size=batch,
             sequence_length=sequence,

@@ -14,33 +14,37 @@ Run: JAX_PLATFORMS=cpu python benchmarks/position_table_split.py   (needs jax-cu
 Writes benchmarks/results/position_table_split.json.
 """
 
-import importlib
 import json
 import os
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 
-from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, compiled_rows, config_named  # noqa: E402
+from planner_vs_deviceless_sharded import (  # noqa: E402
+    PLAN_OPTIONS,
+    VERIFY_TARGET,
+    compiled_rows,
+    config_named,
+    hub_builder,
+)
 
 MESHES = ["data=4,model=2", "data=2,model=4", "fsdp=2,model=4", "model=8"]
 
 
 def main():
-    import kdist  # before keras_hub: selects the JAX backend
+    import kdist
     from kdist.machine import machine_info
     from kdist.rules.compose import AUTO
     from kdist.rules.hub import ANY, REPLICATED
     from kdist.rules.rule import Rule, RuleSet
 
-    keras_hub = importlib.import_module("keras_hub")
     kdist.fake_devices(8)
     label, cls, config, batch, sequence = config_named("gpt2")
     replicated = RuleSet([Rule(ANY + "position_embedding/embeddings", REPLICATED, "replicated"), *AUTO], "replicated")
     rows = []
     for table, rules in (("hidden on 'model' (kdist)", None), ("replicated", replicated)):
         result = kdist.plan(
-            lambda: getattr(keras_hub.models, cls)(**config),
+            hub_builder(cls, config),
             8,
             batch_size=batch,
             sequence_length=sequence,

@@ -27,7 +27,6 @@ The dump folder this script makes is removed at the end.
 
 import argparse
 import collections
-import importlib
 import json
 import os
 import re
@@ -42,7 +41,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plu
 os.environ["XLA_FLAGS"] = f"{XLA_FLAGS} --xla_dump_to={DUMP}".strip()
 
 # After XLA_FLAGS: jax reads them once.
-from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, config_named  # noqa: E402
+from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, config_named, hub_builder  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "xla_buffers_at_peak.json"
 SUFFIX = "gpu_after_optimizations"
@@ -141,14 +140,13 @@ def main():
     parser.add_argument("--batch", type=int, default=None, help="global batch (default: the config's)")
     args = parser.parse_args()
 
-    import kdist  # after XLA_FLAGS, before keras_hub: selects the JAX backend
+    import kdist  # after XLA_FLAGS
     from kdist.machine import machine_info
 
-    keras_hub = importlib.import_module("keras_hub")
     kdist.fake_devices(args.devices)
     label, cls, config, batch, sequence = config_named(args.model)
     batch = args.batch or batch
-    build = lambda: getattr(keras_hub.models, cls)(**config)  # noqa: E731
+    build = hub_builder(cls, config)
     common = dict(batch_size=batch, sequence_length=sequence, **PLAN_OPTIONS)
     specs = [s for s in args.meshes.split(";") if s] or [
         c.spec for c in kdist.plan(build, args.devices, **common).candidates if c.valid

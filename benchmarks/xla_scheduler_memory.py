@@ -23,7 +23,6 @@ and slop factor), with the machine it ran on.
 """
 
 import argparse
-import importlib
 import json
 import os
 import re
@@ -37,13 +36,11 @@ import json, sys
 sys.path.insert(0, {benchmarks!r})
 import kdist
 kdist.fake_devices({devices})
-import keras_hub
 from kdist.machine import machine_info
-from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, config_named
+from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, config_named, hub_builder
 label, cls, config, batch, sequence = config_named({model!r})
-build = lambda: getattr(keras_hub.models, cls)(**config)
-result = kdist.plan(build, {devices}, batch_size={batch} or batch, sequence_length=sequence, **PLAN_OPTIONS,
-                    verify=[{mesh!r}], verify_target=VERIFY_TARGET)
+result = kdist.plan(hub_builder(cls, config), {devices}, batch_size={batch} or batch, sequence_length=sequence,
+                    **PLAN_OPTIONS, verify=[{mesh!r}], verify_target=VERIFY_TARGET)
 c = next(c for c in result.candidates if c.compiled)
 row = {{"target": "H100 (deviceless XLA:GPU)", "config": label, "batch": {batch} or batch, "mesh": c.spec,
        "estimate": c.peak, "xla_gpu_deviceless": c.compiled["peak"], "machine": machine_info()}}
@@ -87,11 +84,9 @@ def measure(model, devices, batch, mesh, slop_factor):
 def reestimate(rows):
     """Each stored row's estimate recomputed by this checkout's planner (one plan per config, device count, batch)."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from planner_vs_deviceless_sharded import CONFIGS, HELD_OUT, PLAN_OPTIONS
+    from planner_vs_deviceless_sharded import CONFIGS, HELD_OUT, PLAN_OPTIONS, hub_builder
 
     import kdist
-
-    keras_hub = importlib.import_module("keras_hub")  # after kdist: it selects the JAX backend
 
     labels = {label: (cls, config, sequence) for label, cls, config, _, sequence in CONFIGS + HELD_OUT}
     plans = {}
@@ -99,9 +94,8 @@ def reestimate(rows):
         key = (row["config"], row["devices"], row["batch"])
         if key not in plans:
             cls, config, sequence = labels[row["config"]]
-            build = lambda cls=cls, config=config: getattr(keras_hub.models, cls)(**config)  # noqa: E731
-            plans[key] = kdist.plan(build, row["devices"], batch_size=row["batch"], sequence_length=sequence,
-                                    **PLAN_OPTIONS)  # fmt: skip
+            plans[key] = kdist.plan(hub_builder(cls, config), row["devices"], batch_size=row["batch"],
+                                    sequence_length=sequence, **PLAN_OPTIONS)  # fmt: skip
         row["estimate"] = plans[key].candidate(row["mesh"]).peak
 
 
