@@ -188,8 +188,8 @@ def compiled_rows(result, **fields):
 
 
 def config_named(model):
-    """The CONFIGS (then HELD_OUT) entry whose label starts with `model` (e.g. "gpt2")."""
-    return next(c for c in CONFIGS + HELD_OUT if c[0].split()[0] == model)
+    """The CONFIGS (then HELD_OUT, then MOE) entry whose label starts with `model` (e.g. "gpt2")."""
+    return next(c for c in CONFIGS + HELD_OUT + MOE if c[0].split()[0] == model)
 
 
 def main():

@@ -1,5 +1,7 @@
 """Composing rule sets: merging families into one ordered set ("auto"), and sharding LoRA adapters on request."""
 
+import dataclasses
+
 from kdist.rules.hub import FAMILIES
 from kdist.rules.keras_core import KERAS_CORE
 from kdist.rules.rule import Rule, RuleSet
@@ -10,15 +12,13 @@ def merge(rule_sets, name):
     merged, families = {}, {}
     for rule_set in rule_sets:
         for rule in rule_set:
-            key = (rule.pattern, rule.layouts, rule.follows)
+            key = (rule.pattern, rule.layouts, rule.follows, rule.fsdp_dim)
             merged.setdefault(key, rule)
             tags = families.setdefault(key, [])
             for family in rule.families or (rule_set.name,):
                 if family not in tags:
                     tags.append(family)
-    return RuleSet(
-        [Rule(r.pattern, r.layouts, r.note, ",".join(families[k]), r.follows) for k, r in merged.items()], name=name
-    )
+    return RuleSet([dataclasses.replace(r, family=",".join(families[k])) for k, r in merged.items()], name=name)
 
 
 def with_lora(rule_set):
@@ -68,7 +68,7 @@ def _lora_b(layout):
 AUTO = merge(
     [
         *FAMILIES.values(),
-        RuleSet([Rule(r.pattern, r.layouts, r.note, "keras-core", r.follows) for r in KERAS_CORE], "keras-core"),
+        RuleSet([dataclasses.replace(r, family="keras-core") for r in KERAS_CORE], "keras-core"),
     ],
     "auto",
 )

@@ -3,7 +3,7 @@
 A rules file is data only: it is parsed with `json` or `tomllib`, never
 executed. Each rule has a `pattern` (a regex matched against whole variable
 paths), `layouts` (one layout, or a list of candidate layouts) and optionally a
-`note` and a `family`. An axis is a role ("data", "fsdp", "model", "expert"),
+`note`, a `family`, `follows` and `fsdp_dim` (see `kdist.Rule`). An axis is a role ("data", "fsdp", "model", "expert"),
 a mesh axis name, "..." (as many replicated dimensions as needed) or a
 replicated dimension: `null` in JSON, `""` in TOML (which has no null).
 
@@ -131,6 +131,8 @@ def _to_toml(data):
                 lines.append(f"{key} = {_toml_string(rule[key])}")
         if "follows" in rule:
             lines.append("follows = [" + ", ".join(_toml_string(x) for x in rule["follows"]) + "]")
+        if "fsdp_dim" in rule:
+            lines.append(f"fsdp_dim = {rule['fsdp_dim']}")
     return "\n".join(lines) + "\n"
 
 

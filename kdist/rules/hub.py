@@ -28,6 +28,8 @@ dist.placements["transformer_layer_0/self_attention/query/kernel"].rule.family
 ```
 """
 
+import dataclasses
+
 from kdist.rules.rule import Rule, RuleSet
 
 ANY = r"(?:.*/)?"  # any enclosing model or layer names before the pattern
@@ -49,8 +51,8 @@ _QKV_NOTE = "attention q/k/v: column-parallel over heads (head_dim, then hidden,
 _OUT_NOTE = "attention output: row-parallel over heads (input features of a 2-D kernel)"
 
 
-def _rule(pattern, layouts, note, follows=()):
-    return Rule(ANY + pattern, layouts, note, follows=follows)
+def _rule(pattern, layouts, note, follows=(), fsdp_dim=None):
+    return Rule(ANY + pattern, layouts, note, follows=follows, fsdp_dim=fsdp_dim)
 
 
 def attention(scope, names=("query", "key", "value"), output="attention_output", heads_first=False):
@@ -68,12 +70,26 @@ def mlp(up, down):
 
 
 def experts(scope, up, down, router):
-    """Rules for mixture-of-experts weights (experts, in, out) and their router."""
+    """Rules for mixture-of-experts weights (experts, in, out) and their router.
+
+    Under fsdp the expert kernels are split on their hidden dimension: on the
+    inner one, XLA:GPU gathers the tokens of every device for the expert
+    products instead of the weights (docs/plan.md, "Mixture-of-experts").
+    """
+    fsdp = "; fsdp on the hidden size"
     return [
         _rule(
-            f"{scope}/{up}", EXPERT_COLUMN, "MoE up/gate: experts on 'expert' (else 'model'), inner features on 'model'"
+            f"{scope}/{up}",
+            EXPERT_COLUMN,
+            "MoE up/gate: experts on 'expert' (else 'model'), inner features on 'model'" + fsdp,
+            fsdp_dim=1,
         ),
-        _rule(f"{scope}/{down}", EXPERT_ROW, "MoE down: experts on 'expert' (else 'model'), inner features on 'model'"),
+        _rule(
+            f"{scope}/{down}",
+            EXPERT_ROW,
+            "MoE down: experts on 'expert' (else 'model'), inner features on 'model'" + fsdp,
+            fsdp_dim=2,
+        ),
         _rule(f"{router}/kernel", REPLICATED, "MoE router: replicated (small; every token scores every expert)"),
     ]
 
@@ -149,7 +165,7 @@ QWEN_MOE = experts(
 
 def _family(name, *rules):
     """A family's rule set: LoRA first, the family's rules, then norms and biases."""
-    tagged = [Rule(r.pattern, r.layouts, r.note, name, r.follows) for r in (LORA, *rules, NORMS, *BIASES)]
+    tagged = [dataclasses.replace(r, family=name) for r in (LORA, *rules, NORMS, *BIASES)]
     return RuleSet(tagged, name=name)
 
 

@@ -13,7 +13,7 @@ from kdist.meshes.layout import ELLIPSIS, fits_rank
 from kdist.meshes.roles import Role
 from kdist.rules.layout_map import LayoutMapRules
 from kdist.rules.placement import Placement
-from kdist.rules.rule import RuleSet
+from kdist.rules.rule import Rule, RuleSet
 
 # Variables with fewer elements than this stay replicated on the fsdp axis:
 # gathering them costs more than the memory they would save.
@@ -39,15 +39,20 @@ class Placer:
         replicate_reason: when given, variables no rule matches are
             "replicated by the preset" for this reason (e.g. "dp" has no model
             axis) rather than "no rule matched".
+        fsdp_hints: a `RuleSet` whose matching rule's `fsdp_dim` says where
+            the fsdp axis goes on a variable `rules` did not lay out (a preset
+            without a model axis applies no rules, yet an expert kernel takes
+            fsdp on its hidden size).
     """
 
-    def __init__(self, rules, dims, *, fsdp_min_size=FSDP_MIN_SIZE, replicate_reason=None):
+    def __init__(self, rules, dims, *, fsdp_min_size=FSDP_MIN_SIZE, replicate_reason=None, fsdp_hints=None):
         if not isinstance(rules, (RuleSet, LayoutMapRules)):
             raise RuleError(f"Placer needs a RuleSet or LayoutMapRules; received {type(rules).__name__}.")
         self.rules = rules
         self.dims = dims
         self.fsdp_min_size = fsdp_min_size
         self.replicate_reason = replicate_reason
+        self.fsdp_hints = fsdp_hints
         self._placements = {}  # (path, shape) -> Placement
         self._by_path = {}  # path -> axes before fsdp, for rules that follow a sibling
         self._matches = {}  # path -> rule (RuleSet only)
@@ -110,7 +115,8 @@ class Placer:
         return placement
 
     def _fsdp(self, placement):
-        """`placement` also sharded over the fsdp axis, on its largest free dimension that divides."""
+        """`placement` also sharded over the fsdp axis: on its rule's `fsdp_dim` when free and dividing, else on
+        its largest free dimension that divides."""
         if not self.dims.fsdp_enabled:
             return placement
         axis, size = self.dims.name_of(Role.FSDP), self.dims.size_of(Role.FSDP)
@@ -121,8 +127,23 @@ class Placer:
         if not free:
             reason = f"no unsharded dimension of {shape} divides by {axis}={size}: replicated over {axis}"
             return dataclasses.replace(placement, reason="; ".join(r for r in (placement.reason, reason) if r))
-        dim = max(free, key=lambda i: shape[i])
+        dim = self._fsdp_dim(placement, free)
         new_axes = tuple(axis if i == dim else a for i, a in enumerate(axes))
         source = "fsdp" if placement.source in ("default", "preset") else placement.source
         reason = placement.reason if source != "fsdp" else ""
         return dataclasses.replace(placement, axes=new_axes, source=source, reason=reason)
+
+    def _fsdp_dim(self, placement, free):
+        rule = placement.rule if isinstance(placement.rule, Rule) else None  # a LayoutMap key names no fsdp_dim
+        if rule is None and self.fsdp_hints is not None:
+            rule = self.fsdp_hints.match(placement.path)
+        preferred = rule.fsdp_dim if rule is not None else None
+        rank = len(placement.shape)
+        if preferred is not None and not -rank <= preferred < rank:
+            raise RuleError(
+                f"Rule {placement.pattern!r} has fsdp_dim {preferred}, out of range for variable "
+                f"{placement.path!r} of shape {placement.shape}; give a dimension of a rank-{rank} variable."
+            )
+        if preferred is not None and preferred % rank in free:
+            return preferred % rank
+        return max(free, key=lambda i: placement.shape[i])

@@ -88,4 +88,5 @@ def placer_for(rules, dims, *, fsdp_min_size=FSDP_MIN_SIZE):
     if resolved is NO_RULES:
         what = "shards them over fsdp by shape" if dims.fsdp_enabled else "replicates them"
         reason = f"no model or expert axis: the preset {what}"
-    return Placer(resolved, dims, fsdp_min_size=fsdp_min_size, replicate_reason=reason)
+    hints = AUTO if resolved is NO_RULES else None  # where the fsdp axis goes on an expert kernel
+    return Placer(resolved, dims, fsdp_min_size=fsdp_min_size, replicate_reason=reason, fsdp_hints=hints)

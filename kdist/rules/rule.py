@@ -25,7 +25,7 @@ from kdist.rules.layout_map import to_layout_map
 from kdist.rules.placement import Placement
 
 _TOP_KEYS = {"name", "rules"}
-_RULE_KEYS = {"pattern", "layouts", "note", "family", "follows"}
+_RULE_KEYS = {"pattern", "layouts", "note", "family", "follows", "fsdp_dim"}
 # How a variable's axes derive from the sibling it follows (e.g. "kernel" in the same layer):
 FOLLOW_MODES = {
     "trailing": "its dimensions are the sibling's last ones (a bias of a kernel): the sibling's last axes",
@@ -56,6 +56,9 @@ class Rule:
             ("trailing": a bias takes its kernel's last axes; "leading" and
             "last": LoRA's `lora_kernel_a` and `lora_kernel_b`). The layouts
             apply when the sibling has not been placed.
+        fsdp_dim: the dimension an fsdp axis takes (negative counts from the
+            end) when the layout leaves it free and it divides; otherwise, and
+            when None, the placer takes the largest free dimension that divides.
     """
 
     pattern: str
@@ -63,6 +66,7 @@ class Rule:
     note: str = ""
     family: str = ""
     follows: tuple = ()
+    fsdp_dim: int = None
 
     def __post_init__(self):
         if not isinstance(self.pattern, str):
@@ -86,6 +90,11 @@ class Rule:
             raise RuleError(
                 f"Rule {self.pattern!r}: follows must be (sibling name, mode) with a mode in {sorted(FOLLOW_MODES)}, "
                 f"e.g. ('kernel', 'trailing'); received {shown(self.follows)}."
+            )
+        if self.fsdp_dim is not None and (isinstance(self.fsdp_dim, bool) or not isinstance(self.fsdp_dim, int)):
+            raise RuleError(
+                f"Rule {self.pattern!r}: fsdp_dim must be a dimension index (an int, negative from the end) or "
+                f"None; received {shown(self.fsdp_dim)}."
             )
         object.__setattr__(self, "follows", follows)
         object.__setattr__(self, "layouts", _candidates(self.pattern, self.layouts))
@@ -201,6 +210,8 @@ class Rule:
             data["family"] = self.family
         if self.follows:
             data["follows"] = list(self.follows)
+        if self.fsdp_dim is not None:
+            data["fsdp_dim"] = self.fsdp_dim
         return data
 
 
@@ -307,6 +318,7 @@ class RuleSet:
                         entry.get("note", ""),
                         entry.get("family", ""),
                         entry.get("follows", ()),
+                        entry.get("fsdp_dim"),
                     )
                 )
             except RuleError as e:
@@ -334,7 +346,7 @@ def _data_layouts(value, where):
 def _rule(item):
     if isinstance(item, Rule):
         return item
-    if isinstance(item, (tuple, list)) and 2 <= len(item) <= 5:
+    if isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
         return Rule(*item)
     raise RuleError(f"A rule must be a kdist.Rule or a (pattern, layouts) pair; received {_kind(item)}.")
 

@@ -1,0 +1,63 @@
+"""The placer's fsdp axis: the largest free dimension that divides, or the dimension a rule names (`fsdp_dim`)."""
+
+import pytest
+
+from kdist import RuleError
+from kdist.meshes import ParallelDims
+from kdist.rules import Placer, Rule, RuleSet, placer_for
+
+FSDP_MODEL = ParallelDims.parse("fsdp=2,model=4", 8)
+EXPERTS = (8, 64, 128)  # (experts, hidden, inner)
+
+
+def _place(rule, shape=EXPERTS, dims=FSDP_MODEL):
+    return Placer(RuleSet([rule]), dims).place("experts/kernel", shape)
+
+
+def test_fsdp_takes_the_largest_free_dimension_by_default():
+    assert _place(Rule(r".*kernel", ("model", None, None))).axes == ("model", None, "fsdp")
+
+
+def test_fsdp_takes_the_dimension_the_rule_names():
+    assert _place(Rule(r".*kernel", ("model", None, None), fsdp_dim=1)).axes == ("model", "fsdp", None)
+    assert _place(Rule(r".*kernel", ("model", None, None), fsdp_dim=-2)).axes == ("model", "fsdp", None)
+
+
+def test_fsdp_dim_taken_or_indivisible_falls_back_to_the_largest_free_dimension():
+    taken = Rule(r".*kernel", ("model", None, None), fsdp_dim=0)  # the model axis has dimension 0
+    assert _place(taken).axes == ("model", None, "fsdp")
+    indivisible = Rule(r".*kernel", ("model", None, None), fsdp_dim=1)
+    assert _place(indivisible, shape=(8, 63, 128)).axes == ("model", None, "fsdp")
+
+
+def test_fsdp_dim_out_of_range_names_the_rule_and_the_variable():
+    with pytest.raises(RuleError, match=r"fsdp_dim 3, out of range for variable 'experts/kernel' of shape"):
+        _place(Rule(r".*kernel", ("...", "model"), fsdp_dim=3))
+
+
+@pytest.mark.parametrize("bad", ["1", 1.0, True])
+def test_fsdp_dim_must_be_an_int(bad):
+    with pytest.raises(RuleError, match=r"fsdp_dim must be a dimension index .* received"):
+        Rule(r".*kernel", ("...", "model"), fsdp_dim=bad)
+
+
+@pytest.mark.parametrize(
+    "path, shape, axes",
+    [
+        ("layer/mixtral_sparse_moe_block/experts/expert_feedforward_gate_dense", (4, 64, 128), (None, "fsdp", None)),
+        ("layer/mixtral_sparse_moe_block/experts/expert_feedforward_output_dense", (4, 128, 64), (None, None, "fsdp")),
+        ("layer/sparse_moe_block/experts/gate_up_proj", (4, 64, 256), (None, "fsdp", None)),
+        ("layer/self_attention/query/kernel", (64, 8, 16), ("fsdp", None, None)),  # no fsdp_dim: the largest
+    ],
+)
+def test_expert_kernels_take_fsdp_on_their_hidden_size_on_an_fsdp_mesh(path, shape, axes):
+    # A preset without a model axis applies no rules; the family rules still say where fsdp goes on experts.
+    placement = placer_for(None, ParallelDims.parse("fsdp=8", 8)).place(path, shape)
+    assert placement.axes == axes and placement.source == "fsdp"
+
+
+def test_expert_kernels_take_fsdp_on_their_hidden_size_beside_a_model_axis():
+    placer = placer_for(None, FSDP_MODEL)
+    up = placer.place("mixtral_sparse_moe_block/experts/expert_feedforward_gate_dense", (4, 64, 128))
+    down = placer.place("mixtral_sparse_moe_block/experts/expert_feedforward_output_dense", (4, 128, 64))
+    assert up.axes == ("model", "fsdp", None) and down.axes == ("model", None, "fsdp")
