@@ -32,6 +32,11 @@ planner_vs_deviceless_held_out.json and planner_vs_deviceless_held_out_16.json.
 
 plans and compiles kdist's tiny mixture-of-experts configs (`MOE`) into
 planner_vs_deviceless_moe.json.
+
+    ... planner_vs_deviceless_sharded.py --full-size
+
+plans and compiles two whole configs issue 21 reported (`FULL_SIZE`: GPT-2
+small, ViT-Base) into planner_vs_deviceless_full_size.json.
 """
 
 import argparse
@@ -171,6 +176,34 @@ HELD_OUT = [
     ),
 ]
 
+# Full size: two of the configs issue 21 reported (GPT-2 small at batch 16 x 512, ViT-Base), whole, re-measured with
+# today's rules and placement (its Gemma-2B, 18 layers, takes more than 5 minutes per mesh to compile on 2 CPUs: CONFIGS
+# has its widths with 2 layers). `--full-size` plans and compiles these into planner_vs_deviceless_full_size.json; the
+# fsdp and model-axis bands are drawn from them instead of the issue's rows.
+FULL_SIZE = [
+    (
+        "gpt2 base h768 12 layers v50257 b16 s512",
+        "GPT2Backbone",
+        dict(
+            vocabulary_size=50257,
+            num_layers=12,
+            num_heads=12,
+            hidden_dim=768,
+            intermediate_dim=3072,
+            max_sequence_length=1024,
+        ),
+        16,
+        512,
+    ),
+    (
+        "vit base h768 12 layers p16 224 b64",
+        "ViTBackbone",
+        dict(image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=12, hidden_dim=768, mlp_dim=3072),
+        64,
+        None,
+    ),
+]
+
 
 def compiled_rows(result, **fields):
     """A row per compiled candidate of `result`: `fields`, the mesh, the estimate, XLA's figure, their ratio."""
@@ -188,8 +221,9 @@ def compiled_rows(result, **fields):
 
 
 def config_named(model):
-    """The CONFIGS (then HELD_OUT, then MOE) entry whose label starts with `model` (e.g. "gpt2")."""
-    return next(c for c in CONFIGS + HELD_OUT + MOE if c[0].split()[0] == model)
+    """The entry of CONFIGS (then HELD_OUT, MOE, FULL_SIZE) whose label begins with the words `model` ("vit base")."""
+    words = model.split()
+    return next(c for c in CONFIGS + HELD_OUT + MOE + FULL_SIZE if c[0].split()[: len(words)] == words)
 
 
 def main():
@@ -202,10 +236,13 @@ def main():
         "--reestimate", action="store_true", help="recompute the stored rows' estimates, keeping XLA's figures"
     )
     parser.add_argument("--moe", action="store_true", help="the tiny mixture-of-experts configs (MOE) instead")
+    parser.add_argument("--full-size", action="store_true", help="issue 21's whole configs (FULL_SIZE) instead")
     args = parser.parse_args()
     devices = args.devices
     if args.moe:
         configs, name = MOE, "moe"
+    elif args.full_size:
+        configs, name = FULL_SIZE, "full_size"
     elif args.held_out:
         configs, name = (HELD_OUT[:-1] if devices == DEVICES else HELD_OUT[-1:]), "held_out"
     else:

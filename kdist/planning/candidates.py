@@ -1,8 +1,10 @@
 """Estimating one candidate mesh: memory per device, communication per step, validity."""
 
+import math
+
 from kdist.meshes.enumerate import spec_of
 from kdist.meshes.spec import ParallelDims
-from kdist.planning.calibration import FUSED_GPU_HIGH, MOE_FSDP_HIGH, band_class
+from kdist.planning.calibration import FUSED_GPU_HIGH, MOE_FSDP_HIGH, MOE_HIGH, band_class
 from kdist.planning.comm import communication, validity
 from kdist.planning.memory_model import buffer_factors, memory_terms, placed_variables
 from kdist.planning.plan import Candidate
@@ -52,10 +54,12 @@ def band(facts, axes, peak):
             f"fused attention: where the GPU does not take cuDNN's kernel the step keeps the scores (measured on an "
             f"H100: ViT-Base bf16 up to {FUSED_GPU_HIGH:.2f}x the fused estimate), so the band reaches that"
         )
-    if "expert" in facts.roles and axes.get("fsdp", 1) > 1:
-        high = max(high, MOE_FSDP_HIGH)
+    moe_high = MOE_FSDP_HIGH if axes.get("fsdp", 1) > 1 else MOE_HIGH
+    if "expert" in facts.roles and math.prod(axes.values()) > 1 and moe_high > high:
+        high = moe_high
+        where = "an fsdp mesh" if axes.get("fsdp", 1) > 1 else "several devices"
         reasons.append(
-            f"experts on an fsdp mesh: XLA's expert layers there are not modelled (kdist's tiny mixture-of-experts "
-            f"configs compiled for 8 H100s came to up to {MOE_FSDP_HIGH:.2f}x the estimate), so the band reaches that"
+            f"experts on {where}: XLA's expert layers there are not modelled (kdist's tiny mixture-of-experts "
+            f"configs compiled for 8 H100s came to up to {moe_high:.2f}x the estimate), so the band reaches that"
         )
     return (int(peak * low), int(peak * high)), cls.name, "; ".join(reasons)

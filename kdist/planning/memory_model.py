@@ -23,6 +23,9 @@ from kdist.planning.timeline import TERMS
 from kdist.planning.trace import TRACE_BATCH
 from kdist.units import is_float, itemsize
 
+# XLA:GPU's DotMerger merges GEMMs of which one moves at most this many bytes (xla_gpu_dot_merger_threshold_mb: 32).
+DOT_MERGER_BYTES = 32 * 2**20
+
 
 @dataclasses.dataclass(frozen=True)
 class PlacedVariable:
@@ -116,6 +119,7 @@ def memory_terms(facts, rows, axes, batch_size):
         factor = buffer_factors(facts, rows, axes, local_batch)
         last = reduction_order_lasts(traced.step, factor, axes)
         last = scheduler_lasts(traced.step, last, axes)
+        last = merged_gemm_lasts(traced.step, last, factor, axes)
         curves = traced.step.sweep(factor, last)
         t = int(sum(curves.values()).argmax())
         live = {term: int(curves[term][t]) for term in TERMS}
@@ -151,6 +155,35 @@ def scheduler_lasts(step, last, axes):
     terms = np.array(step.term)
     kept = ((terms == "activations") | (terms == "backward")) & (last >= firsts[span]) & (last <= ends[span])
     last[kept] = ends[span[kept]]
+    return last
+
+
+def merged_gemm_lasts(step, last, factor, axes):
+    """Each buffer's last read when XLA:GPU merges biased GEMMs that share an input, or `last` unchanged.
+
+    XLA's DotMerger makes one GEMM of those that read the same input with the
+    same dimension numbers when one of them moves at most `DOT_MERGER_BYTES`
+    (its input and output; the weights are left out), and the merged output
+    lives until the last read of any part of it (xla/service/dot_merger.h).
+    On a mesh of several devices XLA's scheduler reads it again in the
+    layer's backward, where it adds one projection's bias afresh (k's, for
+    the query-gradient GEMM: GPT-2, BERT and ViT on data=8; on one device it
+    does that in the forward): the merged output stays alive until the last
+    read of the biased sums, beside them but for the one made afresh. So all
+    but the smallest of the group's GEMM outputs live that long (docs/plan.md,
+    "Merged q/k/v projections"). One device and other platforms keep the
+    trace's lives.
+    """
+    if math.prod(axes.values()) == 1 or step.rules.platform != "gpu" or not step.merged:
+        return last
+    last = (step.lifetimes()[1] if last is None else last).copy()
+    sizes = np.asarray(step.size, dtype=np.float64) * factor
+    for shared, outs, sums in step.merged:
+        kept = [x for x in sums if x is not None]
+        if not kept or ((0.0 if shared is None else sizes[shared]) + sizes[outs]).min() > DOT_MERGER_BYTES:
+            continue
+        longer = sorted(outs, key=lambda o: sizes[o])[1:]
+        last[longer] = np.maximum(last[longer], last[kept].max())
     return last
 
 

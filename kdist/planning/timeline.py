@@ -36,6 +36,7 @@ class Step:
         self.bwd_start = None
         self.sublayer_spans = []  # (first, last event, key) of each sublayer's backward run: `_extend_span`
         self.looked_up = {}  # weight (or cast) -> whether every call reading it only looks rows up: no FSDP gather
+        self.merged = []  # (shared input, outputs, biased sums) of a call's GEMMs XLA may merge: `Program.merged`
         self._life = self._gradient_kernels = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
         # shapes of the operation it runs; per variable: the events using it and its final gradient buffer.
@@ -90,6 +91,8 @@ class Step:
                 self.cond[mapping[o]] = (inst, o, extra[0], extra[1])
         for x in list(p.a) + list(p.c) + list(p.ct):
             self.readers.setdefault(mapping[x], []).append((inst, x))
+        for shared, outs, sums in p.merged:
+            self.merged.append((mapping.get(shared), [mapping[o] for o in outs], [mapping.get(x) for x in sums]))
         for x in {*p.w, *p.c, *p.lookups}:
             if mapping.get(x) is not None:
                 self.looked_up[mapping[x]] = self.looked_up.get(mapping[x], True) and x in p.lookups

@@ -180,6 +180,37 @@ def test_on_several_gpus_the_estimate_takes_the_schedulers_worst_order(llama, mo
     assert on_cpu.peak == data(target="cpu").peak
 
 
+def _merged_step(platform="gpu"):
+    """Three GEMMs of one input (event 0), their biased sums (1-3), read again in the backward (4, 5)."""
+    step = Step(Rules(platform=platform))
+    x, q, k, v, qb, kb, vb = (step.new(size, (size,)) for size in (8, 8, 8, 4, 8, 8, 4))
+    step.events = [([q, k, v], (x,), ()), ([qb], (q,), ()), ([kb], (k,), ()), ([vb], (v,), ()), ([], (qb,), ())]
+    step.events.append(([], (kb, vb), ()))
+    step.merged = [(x, [q, k, v], [qb, kb, vb])]
+    return step
+
+
+def test_merged_biased_gemms_keep_their_outputs_until_the_last_read_of_their_sums(monkeypatch):
+    """DotMerger: the merged output lives while any biased sum is read; one of them is made afresh from it."""
+    step = _merged_step()
+    assert list(step.lifetimes()[1]) == [0, 1, 2, 3, 4, 5, 5]  # the trace's order
+    # q's and k's outputs live until the sums' last read; v's, the smallest, is the one XLA adds its bias to afresh.
+    assert list(memory_model.merged_gemm_lasts(step, None, 1.0, {"data": 2})) == [0, 5, 5, 3, 4, 5, 5]
+    assert memory_model.merged_gemm_lasts(step, None, 1.0, {"data": 1}) is None  # one device: XLA adds k's bias there
+    assert memory_model.merged_gemm_lasts(_merged_step("cpu"), None, 1.0, {"data": 2}) is None
+    monkeypatch.setattr(memory_model, "DOT_MERGER_BYTES", 11)  # each GEMM moves 12 bytes or more: none merged
+    assert list(memory_model.merged_gemm_lasts(step, None, 1.0, {"data": 2})) == [0, 1, 2, 3, 4, 5, 5]
+
+
+def test_an_attentions_biased_q_k_v_are_merged_on_several_gpus(monkeypatch):
+    model = kdist.abstract_model(tiny_transformer)
+    plan = lambda devices: kdist.plan(model, devices, batch_size=16).candidates[0]  # noqa: E731
+    merged, one = kdist.plan(model, 8, batch_size=16).candidate("data=8"), plan(1)
+    monkeypatch.setattr(memory_model, "DOT_MERGER_BYTES", 0)
+    assert _step_buffers(merged) > _step_buffers(kdist.plan(model, 8, batch_size=16).candidate("data=8"))
+    assert one.peak == plan(1).peak
+
+
 def test_targets_and_their_memory():
     h100 = resolve_target("h100")
     assert (h100.name, h100.platform, h100.memory) == ("H100", "gpu", 63763906560) and h100.calibrated
