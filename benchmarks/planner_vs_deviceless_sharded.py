@@ -49,7 +49,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 
 from kdist.rules.hub import BACKBONES  # noqa: E402  (after JAX_PLATFORMS: importing kdist imports jax)
-from kdist.zoo import TINY  # noqa: E402
+from kdist.zoo import PUBLISHED, TINY  # noqa: E402
 
 DEVICES = 8
 # How every deviceless benchmark plans and compiles: H100s, attention materialized (deviceless XLA cannot take
@@ -181,27 +181,8 @@ HELD_OUT = [
 # has its widths with 2 layers). `--full-size` plans and compiles these into planner_vs_deviceless_full_size.json; the
 # fsdp and model-axis bands are drawn from them instead of the rows.
 FULL_SIZE = [
-    (
-        "gpt2 base h768 12 layers v50257 b16 s512",
-        "GPT2Backbone",
-        dict(
-            vocabulary_size=50257,
-            num_layers=12,
-            num_heads=12,
-            hidden_dim=768,
-            intermediate_dim=3072,
-            max_sequence_length=1024,
-        ),
-        16,
-        512,
-    ),
-    (
-        "vit base h768 12 layers p16 224 b64",
-        "ViTBackbone",
-        dict(image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=12, hidden_dim=768, mlp_dim=3072),
-        64,
-        None,
-    ),
+    ("gpt2 base h768 12 layers v50257 b16 s512", *PUBLISHED["gpt2-base"][:2], 16, 512),
+    ("vit base h768 12 layers p16 224 b64", *PUBLISHED["vit-base"][:2], 64, None),
 ]
 
 
