@@ -37,6 +37,11 @@ planner_vs_deviceless_moe.json.
 
 plans and compiles two whole configs issue 21 reported (`FULL_SIZE`: GPT-2
 small, ViT-Base) into planner_vs_deviceless_full_size.json.
+
+    ... planner_vs_deviceless_sharded.py --families
+
+plans and compiles eight more keras-hub families at hidden 256 (`FAMILIES`)
+into planner_vs_deviceless_families.json.
 """
 
 import argparse
@@ -185,6 +190,19 @@ FULL_SIZE = [
     ("vit base h768 12 layers p16 224 b64", *PUBLISHED["vit-base"][:2], 64, None),
 ]
 
+# Families the tables above do not have: kdist's tiny keras-hub configs (kdist.zoo.TINY) widened to hidden 256 (MLP
+# 1024, vocabulary 4096, 2 layers), at batch 32 x 256 tokens or 256 images. `--families` plans and compiles these into
+# planner_vs_deviceless_families.json; the bands are drawn from them too.
+WIDER = dict(
+    vocabulary_size=4096, hidden_dim=256, intermediate_dim=1024, mlp_dim=1024, num_layers=2, max_sequence_length=256
+)
+FAMILIES = [
+    (f"{name} h256 2 layers b{batch}" + (f" s{sequence}" if sequence else ""), BACKBONES[name], config, batch, sequence)
+    for name in ("falcon", "gpt_neox", "phi3", "roberta", "distil_bert", "gemma2", "deit", "dinov2")
+    for config in [{k: WIDER.get(k, v) for k, v in TINY[name].items()}]
+    for batch, sequence in [(256, None) if "image_shape" in config else (32, 256)]
+]
+
 
 def compiled_rows(result, **fields):
     """A row per compiled candidate of `result`: `fields`, the mesh, the estimate, XLA's figure, their ratio."""
@@ -202,9 +220,9 @@ def compiled_rows(result, **fields):
 
 
 def config_named(model):
-    """The entry of CONFIGS (then HELD_OUT, MOE, FULL_SIZE) whose label begins with the words `model` ("vit base")."""
+    """The first entry of CONFIGS, HELD_OUT, MOE, FULL_SIZE, FAMILIES whose label begins with the words `model`."""
     words = model.split()
-    return next(c for c in CONFIGS + HELD_OUT + MOE + FULL_SIZE if c[0].split()[: len(words)] == words)
+    return next(c for c in CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES if c[0].split()[: len(words)] == words)
 
 
 def main():
@@ -218,12 +236,15 @@ def main():
     )
     parser.add_argument("--moe", action="store_true", help="the tiny mixture-of-experts configs (MOE) instead")
     parser.add_argument("--full-size", action="store_true", help="issue 21's whole configs (FULL_SIZE) instead")
+    parser.add_argument("--families", action="store_true", help="other keras-hub families (FAMILIES) instead")
     args = parser.parse_args()
     devices = args.devices
     if args.moe:
         configs, name = MOE, "moe"
     elif args.full_size:
         configs, name = FULL_SIZE, "full_size"
+    elif args.families:
+        configs, name = FAMILIES, "families"
     elif args.held_out:
         configs, name = (HELD_OUT[:-1] if devices == DEVICES else HELD_OUT[-1:]), "held_out"
     else:

@@ -4,7 +4,7 @@ import math
 
 from kdist.meshes.enumerate import spec_of
 from kdist.meshes.spec import ParallelDims
-from kdist.planning.calibration import FUSED_GPU_HIGH, MOE_FSDP_HIGH, MOE_HIGH, band_class
+from kdist.planning.calibration import FUSED_GPU_HIGH, MOE_FSDP_HIGH, MOE_HIGH, SOFT_CAP_HIGH, band_class
 from kdist.planning.comm import communication, validity
 from kdist.planning.memory_model import buffer_factors, memory_terms, placed_variables
 from kdist.planning.plan import Candidate
@@ -53,6 +53,13 @@ def band(facts, axes, peak):
         reasons.append(
             f"fused attention: where the GPU does not take cuDNN's kernel the step keeps the scores (measured on an "
             f"H100: ViT-Base bf16 up to {FUSED_GPU_HIGH:.2f}x the fused estimate), so the band reaches that"
+        )
+    if facts.traced.capped_scores and SOFT_CAP_HIGH > high:
+        high = SOFT_CAP_HIGH
+        reasons.append(
+            "a logit soft cap on the attention scores: XLA:GPU keeps values of the capped scores that the estimate "
+            f"fuses away (kdist's Gemma 2 at hidden 256 on 8 H100s came to up to {SOFT_CAP_HIGH:.2f}x the estimate), "
+            "so the band reaches that"
         )
     moe_high = MOE_FSDP_HIGH if axes.get("fsdp", 1) > 1 else MOE_HIGH
     if "expert" in facts.roles and math.prod(axes.values()) > 1 and moe_high > high:

@@ -45,6 +45,7 @@ class TracedStep:
     programs: int
     notes: list
     convolutions: bool = False
+    capped_scores: bool = False  # a tanh over attention scores: a logit soft cap (Gemma 2), `candidates.band`
 
     @property
     def family(self):
@@ -113,8 +114,16 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
     elif taken != mode:
         notes.append(f"attention {mode!r} was asked for; the layers took {taken!r}")
     seconds = time.perf_counter() - start
-    convolutions = any(e[0].startswith("conv_general") for p in walk.programs.values() for e in p.flat.eqns)
-    return TracedStep(step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes, convolutions)
+    flats = [p.flat for p in walk.programs.values()]
+    convolutions = any(e[0].startswith("conv_general") for f in flats for e in f.eqns)
+    capped = any(
+        prim == "tanh" and len(f.shape[outs[0]]) >= 4 and "attention" in scope
+        for f in flats
+        for (prim, _, outs), scope in zip(f.eqns, f.scopes)
+    )
+    return TracedStep(
+        step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes, convolutions, capped
+    )
 
 
 class _Walk:

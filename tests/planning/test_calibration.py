@@ -11,6 +11,7 @@ from kdist.models import mnist_mlp, tiny_transformer
 from kdist.planning.calibration import (
     BANDS,
     DEVICELESS_RESULTS,
+    FAMILIES_RESULTS,
     FULL_SIZE_RESULTS,
     FUSED_GPU_HIGH,
     GPU_RESULTS,
@@ -24,6 +25,7 @@ from kdist.planning.calibration import (
     SHARDED_64_RESULTS,
     SHARDED_RESULTS,
     SHORT_STEP,
+    SOFT_CAP_HIGH,
     band_class,
     mesh_kind,
 )
@@ -36,6 +38,9 @@ def _axes(spec):
 
 
 def _family(row):
+    """The row's band family; Gemma 2's soft-capped attention has a band of its own reach (SOFT_CAP_HIGH)."""
+    if row["config"].startswith("gemma2"):
+        return "capped transformer"
     return "cnn" if "resnet" in row["config"] else "transformer"
 
 
@@ -63,7 +68,7 @@ def _stored_rows(fused=False):
     for _, r in _measured_rows():
         if r["estimate"]["attention"] != "fused":
             rows.append(("single", _family(r), r["measured_peak_bytes"] / r["estimate"]["peak_bytes"]))
-    for path in (DEVICELESS_RESULTS, SHARDED_RESULTS, SHARDED_64_RESULTS, FULL_SIZE_RESULTS):
+    for path in (DEVICELESS_RESULTS, SHARDED_RESULTS, SHARDED_64_RESULTS, FULL_SIZE_RESULTS, FAMILIES_RESULTS):
         for r in json.loads((ROOT / path).read_text())["rows"]:
             rows.append((mesh_kind(_axes(r["mesh"])), _family(r), r["xla_gpu_deviceless"] / r["estimate"]))
     return rows
@@ -71,10 +76,11 @@ def _stored_rows(fused=False):
 
 def test_every_stored_row_falls_in_the_band_of_its_class():
     rows = _stored_rows()
-    assert len(rows) == 9 + 24 + 14 + 60 + 56 + 20
+    assert len(rows) == 9 + 24 + 14 + 60 + 56 + 20 + 80
     for kind, family, ratio in rows:
-        band, why = band_class(_axes("data=1") if kind == "single" else {kind: 2}, family)
-        assert not why and band.low <= ratio <= band.high, (kind, family, ratio)
+        band, why = band_class(_axes("data=1") if kind == "single" else {kind: 2}, family.split()[-1])
+        high = max(band.high, SOFT_CAP_HIGH) if family == "capped transformer" else band.high
+        assert not why and band.low <= ratio <= high, (kind, family, ratio)
 
 
 HELD_OUT = (
@@ -101,12 +107,38 @@ def test_configs_no_band_cites_fall_in_the_band_of_their_class():
         assert not why and band.low <= r["xla_gpu_deviceless"] / r["estimate"] <= band.high, (r["config"], r["mesh"])
 
 
-def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward():
-    """The single-device transformer band cites only stored rows: its bounds are their extremes, not fitted."""
-    ratios = [r for kind, family, r in _stored_rows() if (kind, family) == ("single", "transformer")]
-    band = next(b for b in BANDS if (b.mesh, b.family) == ("single", "transformer"))
-    assert band.low == pytest.approx(int(min(ratios) * 100) / 100)
-    assert band.high == pytest.approx(-(-max(ratios) * 100 // 1) / 100)
+@pytest.mark.parametrize("kind", ["single", "fsdp", "model"])
+def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward(kind):
+    """The transformer bands cite only stored rows: their bounds are the extremes, not fitted (soft-capped rows reach
+    SOFT_CAP_HIGH instead of raising the class's top)."""
+    rows = [(family, r) for k, family, r in _stored_rows() if k == kind and family.endswith("transformer")]
+    band = next(b for b in BANDS if (b.mesh, b.family) == (kind, "transformer"))
+    assert band.low == pytest.approx(int(min(r for _, r in rows) * 100) / 100)
+    assert band.high == pytest.approx(-(-max(r for family, r in rows if family == "transformer") * 100 // 1) / 100)
+
+
+def test_a_soft_cap_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
+    rows = json.loads((ROOT / FAMILIES_RESULTS).read_text())["rows"]
+    capped = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _family(r) == "capped transformer"]
+    assert len(capped) == 10 and SOFT_CAP_HIGH == pytest.approx(-(-max(capped) * 100 // 1) / 100)
+    pytest.importorskip("keras_hub")
+    from kdist import zoo
+
+    gemma2 = kdist.plan(zoo.load_model("tiny-gemma2"), 8, batch_size=16, sequence_length=16).candidate("data=8")
+    gpt2 = kdist.plan(zoo.load_model("tiny-gpt2"), 8, batch_size=16, sequence_length=16).candidate("data=8")
+    assert gemma2.band[1] == int(gemma2.peak * SOFT_CAP_HIGH) and "logit soft cap" in gemma2.band_why
+    assert "soft cap" not in gpt2.band_why
+
+
+def test_the_other_families_are_within_5_percent_but_where_fixed_buffers_weigh():
+    """The safety rule on families no rule of the estimate was drawn from (soft caps aside): it holds wherever XLA's
+    figure is over 80 MB; under that XLA:GPU's fixed buffers (a 4 MiB cuBLAS workspace), which the estimate leaves
+    to the margin, are 5% of it."""
+    rows = [r for r in json.loads((ROOT / FAMILIES_RESULTS).read_text())["rows"] if _family(r) == "transformer"]
+    large = [r for r in rows if r["xla_gpu_deviceless"] > 80e6]
+    assert len(large) >= 50 and min(r["estimate"] / r["xla_gpu_deviceless"] for r in large) >= 0.95
+    under = {(r["config"].split()[0], r["mesh"]) for r in rows if r["estimate"] / r["xla_gpu_deviceless"] < 0.95}
+    assert under and all(r["xla_gpu_deviceless"] < 80e6 for r in rows if (r["config"].split()[0], r["mesh"]) in under)
 
 
 def _several_devices(path):
@@ -192,9 +224,9 @@ def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():
     assert classes["fsdp=8"] == "fsdp transformers"
     assert classes["model=8"] == classes["data=2,fsdp=2,model=2"] == "model-axis transformers"
     data, model8 = result.candidate("data=8"), result.candidate("model=8")
-    assert data.band == (int(data.peak * 0.93), int(data.peak * 1.27))
-    assert model8.band == (int(model8.peak * 0.66), int(model8.peak * 1.03))
-    assert any("model-axis transformers -34%/+3%" in note for note in result.notes)
+    assert data.band == (int(data.peak * 0.92), int(data.peak * 1.27))
+    assert model8.band == (int(model8.peak * 0.65), int(model8.peak * 1.07))
+    assert any("model-axis transformers -35%/+7%" in note for note in result.notes)
     assert result.recommendation.band_class in result.reason
 
 
@@ -224,12 +256,12 @@ def test_unsure_estimates_get_a_wider_band_and_say_why():
     plain = kdist.plan(model, 1, batch_size=16).candidates[0]
     rematted = kdist.plan(model, 1, batch_size=16, remat=True)
     c = rematted.candidates[0]
-    assert c.band[0] == int(c.peak * 0.93 * 0.88) and "remat" in c.band_why
+    assert c.band[0] == int(c.peak * 0.92 * 0.88) and "remat" in c.band_why
     assert any("band: remat" in note for note in rematted.notes)
     assert not plain.band_why
     fused = kdist.plan(model, 1, batch_size=16, attention="fused").candidates[0]
     assert "does not take cuDNN's kernel" in fused.band_why
-    assert fused.band == (int(fused.peak * 0.93), int(fused.peak * FUSED_GPU_HIGH))
+    assert fused.band == (int(fused.peak * 0.92), int(fused.peak * FUSED_GPU_HIGH))
     variables = kdist.plan(model.weights, 1, batch_size=16).candidates[0]
     assert variables.band is None and "activations not estimated" in variables.band_why
     assert kdist.plan(model, 1, batch_size=16, target="cpu").candidates[0].band is None
