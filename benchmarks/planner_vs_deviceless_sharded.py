@@ -191,8 +191,8 @@ FULL_SIZE = [
 ]
 
 # Families the tables above do not have: kdist's tiny keras-hub configs (kdist.zoo.TINY) widened to hidden 256 (MLP
-# 1024, vocabulary 4096, 2 layers), at batch 32 x 256 tokens or 256 images. `--families` plans and compiles these into
-# planner_vs_deviceless_families.json; the bands are drawn from them too.
+# 1024, vocabulary 4096, 2 layers), at batch 32 x 256 tokens or 256 images of 32 x 32. `--families` plans and compiles
+# these into planner_vs_deviceless_families.json; the bands are drawn from them too.
 WIDER = dict(
     vocabulary_size=4096, hidden_dim=256, intermediate_dim=1024, mlp_dim=1024, num_layers=2, max_sequence_length=256
 )

@@ -107,7 +107,8 @@ BANDS = (
 # On a mesh with collectives XLA:GPU's latency-hiding scheduler (LHS) reorders the step to overlap them, spending
 # free memory (under 95% of 80% of the device's); the estimate takes the worst order within each sublayer's backward
 # (`memory_model.scheduler_lasts`). XLA's figure / the estimate was at most this on the meshes of several devices of
-# LHS_RESULTS (within the LHS's limit), DEVICELESS_RESULTS, SHARDED_RESULTS and SHARDED_64_RESULTS (rounded up to 0.1%).
+# LHS_RESULTS (within the LHS's limit), DEVICELESS_RESULTS, SHARDED_RESULTS, SHARDED_64_RESULTS and FULL_SIZE_RESULTS
+# (rounded up to 0.1%).
 LHS_RESULTS = "benchmarks/results/xla_scheduler_memory.json"
 LHS_HIGH = 1.022
 

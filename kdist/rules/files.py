@@ -3,9 +3,10 @@
 A rules file is data only: it is parsed with `json` or `tomllib`, never
 executed. Each rule has a `pattern` (a regex matched against whole variable
 paths), `layouts` (one layout, or a list of candidate layouts) and optionally a
-`note`, a `family`, `follows` and `fsdp_dim` (see `kdist.Rule`). An axis is a role ("data", "fsdp", "model", "expert"),
-a mesh axis name, "..." (as many replicated dimensions as needed) or a
-replicated dimension: `null` in JSON, `""` in TOML (which has no null).
+`note`, a `family`, `follows` and `fsdp_dim` (see `kdist.Rule`). An axis is a
+role ("data", "fsdp", "model", "expert"), a mesh axis name, "..." (as many
+replicated dimensions as needed) or a replicated dimension: `null` in JSON,
+`""` in TOML (which has no null).
 
 JSON:
 

@@ -74,7 +74,8 @@ def experts(scope, up, down, router):
 
     Under fsdp the expert kernels are split on their hidden dimension: on the
     inner one, XLA:GPU gathers the tokens of every device for the expert
-    products instead of the weights (docs/plan.md, "Mixture-of-experts").
+    products instead of the weights (docs/plan.md, Limits, "Mixture-of-experts
+    layers under fsdp").
     """
     fsdp = "; fsdp on the hidden size"
     return [

@@ -134,16 +134,16 @@ class Placer:
         return dataclasses.replace(placement, axes=new_axes, source=source, reason=reason)
 
     def _fsdp_dim(self, placement, free):
-        rule = placement.rule if isinstance(placement.rule, Rule) else None  # a LayoutMap key names no fsdp_dim
-        if rule is None and self.fsdp_hints is not None:
-            rule = self.fsdp_hints.match(placement.path)
-        preferred = rule.fsdp_dim if rule is not None else None
-        rank = len(placement.shape)
+        rank, placed_by = len(placement.shape), placement.rule if isinstance(placement.rule, Rule) else None
+        preferred = placed_by.fsdp_dim if placed_by is not None else None
         if preferred is not None and not -rank <= preferred < rank:
             raise RuleError(
                 f"Rule {placement.pattern!r} has fsdp_dim {preferred}, out of range for variable "
                 f"{placement.path!r} of shape {placement.shape}; give a dimension of a rank-{rank} variable."
             )
+        if placed_by is None and self.fsdp_hints is not None:  # a hint that does not fit the variable is no hint
+            hint = self.fsdp_hints.match(placement.path)
+            preferred = hint.fsdp_dim if hint is not None and -rank <= (hint.fsdp_dim or 0) < rank else None
         if preferred is not None and preferred % rank in free:
             return preferred % rank
         return max(free, key=lambda i: placement.shape[i])

@@ -56,6 +56,12 @@ def test_expert_kernels_take_fsdp_on_their_hidden_size_on_an_fsdp_mesh(path, sha
     assert placement.axes == axes and placement.source == "fsdp"
 
 
+def test_a_hint_that_does_not_fit_the_variable_is_passed_over():
+    # A rank-1 variable whose path an expert rule matches (fsdp_dim 2): the largest dimension, no error.
+    placement = placer_for(None, ParallelDims.parse("fsdp=8", 8)).place("m/sparse_moe_block/experts/down_proj", (8192,))
+    assert placement.axes == ("fsdp",)
+
+
 def test_expert_kernels_take_fsdp_on_their_hidden_size_beside_a_model_axis():
     placer = placer_for(None, FSDP_MODEL)
     up = placer.place("mixtral_sparse_moe_block/experts/expert_feedforward_gate_dense", (4, 64, 128))
