@@ -80,7 +80,11 @@ def split_axes(step, weight_splits):
         _, (p, mapping), lo, hi = item
         before, env = forward.get(id(mapping), (None, {}))
         fixed = frozenset(x for x, g in mapping.items() if g is not None and _fixed(step, g))
-        given = {x: splits[mapping[x]] for x in (*p.w, *p.c, *p.a, *p.ct) if mapping.get(x) is not None}
+        given = {
+            x: _fit(splits[mapping[x]], step.shape[mapping[x]], p.flat.shape[x])
+            for x in (*p.w, *p.c, *p.a, *p.ct)
+            if mapping.get(x) is not None
+        }
         key = (id(p), lo, before, fixed, tuple(sorted((x, tuple(sorted(s.items()))) for x, s in given.items())))
         if key not in memo:
             memo[key] = _run(p.flat, lo, hi, dict(env), given, fixed)
@@ -89,7 +93,7 @@ def split_axes(step, weight_splits):
         for x, s in env.items():
             g = mapping.get(x)
             if g is not None and not _fixed(step, g):
-                splits[g] = s
+                splits[g] = _fit(s, p.flat.shape[x], step.shape[g])
         for x, axes in gathered_here.items():
             if mapping.get(x) is not None:
                 gathered.setdefault(mapping[x], set()).update(axes)
@@ -123,6 +127,11 @@ def _run(f, lo, hi, env, given, fixed):
                 if not env[x] and f.shape[x] == f.shape[outs[0]] and x not in fixed:
                     env[x] = env[outs[0]]
     return env, gathered
+
+
+def _fit(split, shape, buffer_shape):
+    """`split` of a value of `shape` on the buffer it is a view of (a squeeze or reshape aliases its source)."""
+    return split if tuple(shape) == tuple(buffer_shape) else _reshape(split, shape, buffer_shape)
 
 
 def _fixed(step, g):

@@ -135,3 +135,21 @@ def test_a_table_only_looked_up_is_not_gathered_by_fsdp_a_tied_one_is():
     tied = _traced(_tied).step
     table = next(g for g, s in enumerate(tied.shape) if s == (VOCABULARY, HIDDEN) and tied.term[g] == "external")
     assert not tied.looked_up[table] and tied.weight_of[table] in tied.weight_uses
+
+
+def _squeeze_excite():
+    """A convolution whose channels a global average (kept as 1 x 1) rescales: the pooled value's reshape is a view."""
+    images = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(16, 3, padding="same", name="conv")(images)
+    scale = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)
+    scale = keras.layers.Conv2D(16, 1, activation="sigmoid", name="excite")(scale)
+    return keras.Model(images, keras.layers.Dense(10, name="head")(keras.layers.Flatten()(x * scale)))
+
+
+def test_a_split_given_to_a_view_of_another_rank_fits_the_buffer_it_aliases():
+    """A rank-4 value's split on the rank-2 buffer it is a view of (EfficientNet's squeeze-excite raised IndexError)."""
+    traced = _traced(_squeeze_excite)
+    splits = _splits(traced, {"conv/kernel": {"model": 3}, "excite/kernel": {"model": 3}})
+    assert all(d < len(traced.step.shape[g]) for g, s in enumerate(splits) for d in s.values())
+    assert any(s == {"model": 3} for s in splits)  # the convolution's output channels stay split
+    assert kdist.plan(_squeeze_excite, 8, batch_size=16).candidate("model=8").peak > 0
