@@ -179,7 +179,7 @@ def analyse(p, rules):
     p.weight_copy = {**weight_copy, **dict(zip(p.gw, p.w))}
     p.lookups = _lookups(f, set(p.w) | set(p.c), readers_of)
     p.mat, p.roots, p.kinds = mat, roots, kinds
-    p.merged = _merged_gemms(p, mat)
+    p.merged = _merged_gemms(p, mat, producer, consumers)
     p.producer_index = {x: i for x, i in enumerate(producer) if i is not None}
     return p
 
@@ -325,7 +325,7 @@ def _roots(f, status, reach, rules):
     return roots, costly
 
 
-def _merged_gemms(p, mat):
+def _merged_gemms(p, mat, producer, consumers):
     """Biased forward matrix products one GEMM could make: [(the input they share, their outputs, their biased sums)].
 
     XLA's DotMerger merges GEMMs that read the same input with the same
@@ -334,20 +334,16 @@ def _merged_gemms(p, mat):
     (xla/service/dot_merger.h). Kept only where each output's one reader adds
     a bias (a broadcast weight): `memory_model.merged_gemm_lasts` says why.
     """
-    f, groups, consumers = p.flat, {}, {}
-    for i, (_, ins, _) in enumerate(f.eqns):
-        for x in ins:
-            consumers.setdefault(x, []).append(i)
-    makers = {o: i for i, (_, _, outs) in enumerate(f.eqns) for o in outs}
+    f, groups = p.flat, {}
     weights = set(p.w) | set(p.weight_copy)
     for i in range(p.n_fwd):
         prim, ins, outs = f.eqns[i]
-        readers = consumers.get(outs[0], [])
+        readers = consumers[outs[0]]
         if prim != "dot_general" or not mat[outs[0]] or len(readers) != 1 or f.eqns[readers[0]][0] != "add":
             continue
         add = f.eqns[readers[0]]
         bias = [x for x in add[1] if x != outs[0]]
-        source = [makers.get(x) for x in bias]
+        source = [producer[x] for x in bias]
         if len(bias) == 1 and source[0] is not None and f.eqns[source[0]][0] == "broadcast_in_dim":
             if f.eqns[source[0]][1][0] in weights:
                 key = (ins[0], repr(f.params[i]), f.dtype[outs[0]])

@@ -61,10 +61,11 @@ def band(facts, axes, peak):
             f"fuses away (kdist's Gemma 2 at hidden 256 on 8 H100s came to up to {SOFT_CAP_HIGH:.2f}x the estimate), "
             "so the band reaches that"
         )
-    moe_high = MOE_FSDP_HIGH if axes.get("fsdp", 1) > 1 else MOE_HIGH
+    on_fsdp = axes.get("fsdp", 1) > 1
+    moe_high = MOE_FSDP_HIGH if on_fsdp else MOE_HIGH
     if "expert" in facts.roles and math.prod(axes.values()) > 1 and moe_high > high:
         high = moe_high
-        where = "an fsdp mesh" if axes.get("fsdp", 1) > 1 else "several devices"
+        where = "an fsdp mesh" if on_fsdp else "several devices"
         reasons.append(
             f"experts on {where}: XLA's expert layers there are not modelled (kdist's tiny mixture-of-experts "
             f"configs compiled for 8 H100s came to up to {moe_high:.2f}x the estimate), so the band reaches that"
