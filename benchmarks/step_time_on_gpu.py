@@ -12,13 +12,21 @@ Two halves, because the measuring needs the GPU and the estimate does not:
   step, the compile-and-first-step time and `memory_stats()
   ["peak_bytes_in_use"]`, with the machine, no preallocation, and which
   implementations of `jax.nn.dot_product_attention` traced ("cudnn": the
-  fused kernel; "xla": scores kept). XLA_FLAGS
+  fused kernel; "xla": scores kept), each call with its query's dtype,
+  shape and tracer type (which trace it was). XLA_FLAGS
   gets measure.py's `--xla_gpu_autotune_level=0` (peaks comparable with the
   shared file's; steps 8-156x slower) unless `--xla-flags` says otherwise:
   `--xla-flags ""` runs XLA's defaults, what a user gets. Each run is added
   to the results file; configs run in priority order, no new one starts
   after `--budget` seconds, and each result is saved as it comes.
-- without it (any machine): every stored measurement is planned by this
+- `--deviceless` (no GPU; jax's CUDA PJRT plugin, as `planner_vs_gpu.py
+  --deviceless`): each measured HELD_OUT_GPU config whose estimate traced
+  no fused attention is compiled by XLA:GPU for a deviceless H100, with
+  kdist's compile options (cuBLAS GEMMs) and again with Triton GEMMs allowed
+  (XLA's default on a GPU, untuned without one); the figures are stored
+  under "deviceless", to set the real GPU's peak beside the compile the
+  estimate follows.
+- without either (any machine): every stored measurement is planned by this
   checkout's kdist for the device kind it ran on (`kdist.plan(model, 1,
   target=...)`), and the estimated step time (compute at the roofline:
   one device has no communication) and peak are set beside the measured.
@@ -29,6 +37,7 @@ a GPU, and its predictions outside the file that change only batch,
 sequence or precision.
 
 Run: python benchmarks/step_time_on_gpu.py --measure [--xla-flags F] [--truth PATH] [--steps N] [--budget S] [LABEL ...]
+     python benchmarks/step_time_on_gpu.py --deviceless
      python benchmarks/step_time_on_gpu.py [--truth PATH]
 Writes benchmarks/results/step_time_on_gpu.json.
 """
@@ -47,6 +56,97 @@ from planner_vs_gpu import DEVICELESS, PLAIN, PREDICT, TRUTH, prediction_config 
 
 OUT = Path(__file__).parent / "results" / "step_time_on_gpu.json"
 
+# Held out on the GPU: families, sizes and CNNs no measured row or band was drawn from (Gemma 2's capped scores,
+# Falcon, GPT-NeoX, Phi-3, Qwen3, BERT and RoBERTa base, DeiT and DINOv2 base, three more Keras CNNs), estimated by
+# this checkout before they ran. Each is (label, builder, builder config, batch, sequence, dtype policy).
+_LM_1024 = dict(vocabulary_size=32000, num_layers=8, hidden_dim=1024, intermediate_dim=4096)
+_ENCODER_BASE = dict(vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072)
+HELD_OUT_GPU = [
+    (
+        "gemma2 h1024 8 layers b8 s1024",
+        "keras_hub.models.GemmaBackbone",
+        dict(
+            _LM_1024,
+            num_query_heads=8,
+            num_key_value_heads=4,
+            head_dim=128,
+            query_head_dim_normalize=False,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            attention_logit_soft_cap=50.0,
+            final_logit_soft_cap=30.0,
+            use_sliding_window_attention=True,
+            sliding_window_size=512,
+        ),
+        8,
+        1024,
+        "float32",
+    ),
+    (
+        "falcon h1024 8 layers b8 s1024",
+        "keras_hub.models.FalconBackbone",
+        dict(_LM_1024, num_attention_heads=16),
+        8,
+        1024,
+        "float32",
+    ),
+    (
+        "gpt_neox h1024 8 layers b8 s1024",
+        "keras_hub.models.GPTNeoXBackbone",
+        dict(_LM_1024, num_heads=16, max_sequence_length=1024),
+        8,
+        1024,
+        "float32",
+    ),
+    (
+        "phi3 h1024 8 layers b8 s1024 bf16",
+        "keras_hub.models.Phi3Backbone",
+        dict(_LM_1024, num_query_heads=16, num_key_value_heads=16),
+        8,
+        1024,
+        "mixed_bfloat16",
+    ),
+    (
+        "qwen3 h1024 8 layers b16 s512",
+        "keras_hub.models.Qwen3Backbone",
+        dict(_LM_1024, num_query_heads=16, num_key_value_heads=8, head_dim=64),
+        16,
+        512,
+        "float32",
+    ),
+    ("bert base b32 s512", "keras_hub.models.BertBackbone", _ENCODER_BASE, 32, 512, "float32"),
+    ("roberta base b32 s512 bf16", "keras_hub.models.RobertaBackbone", _ENCODER_BASE, 32, 512, "mixed_bfloat16"),
+    (
+        "deit base b64",
+        "keras_hub.models.DeiTBackbone",
+        dict(
+            image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072
+        ),
+        64,
+        None,
+        "float32",
+    ),
+    (
+        "dinov2 base b64",
+        "keras_hub.models.DINOV2Backbone",
+        dict(
+            image_shape=(224, 224, 3),
+            patch_size=14,
+            num_layers=12,
+            num_heads=12,
+            hidden_dim=768,
+            intermediate_dim=3072,
+            position_embedding_shape=(518, 518, 3),
+        ),
+        64,
+        None,
+        "float32",
+    ),
+    ("efficientnetb0 b128", "keras.applications.EfficientNetB0", dict(weights=None), 128, None, "float32"),
+    ("mobilenetv2 b128", "keras.applications.MobileNetV2", dict(weights=None), 128, None, "float32"),
+    ("densenet121 b64 bf16", "keras.applications.DenseNet121", dict(weights=None), 64, None, "mixed_bfloat16"),
+]
+
 
 def configs(truth):
     """{label: (config, builder overrides)} in priority order: the shared file's, then the other two lists."""
@@ -58,6 +158,9 @@ def configs(truth):
     for label, base, over in PREDICT:
         if set(over) <= set(PLAIN):  # the predictions a training run reproduces as written (no remat, attention)
             out[label] = prediction_config(shared[base], over)
+    for label, builder, config, batch_size, sequence_length, dtype_policy in HELD_OUT_GPU:
+        row = dict(builder=builder, config=config, batch_size=batch_size, sequence_length=sequence_length)
+        out[label] = ({**row, "dtype_policy": dtype_policy}, {})
     return out
 
 
@@ -96,9 +199,12 @@ def measure_one(config, builder_over, steps):
     taken = set()  # the implementations of jax.nn.dot_product_attention that traced: Keras tries cuDNN, then XLA
     original = jax.nn.dot_product_attention
 
-    def recorded(*args, implementation=None, **kwargs):
-        out = original(*args, implementation=implementation, **kwargs)
+    calls = set()  # each traced call: implementation, query dtype and shape, and the tracer's type (which trace)
+
+    def recorded(query, *args, implementation=None, **kwargs):
+        out = original(query, *args, implementation=implementation, **kwargs)
         taken.add(str(implementation))
+        calls.add(f"{implementation} {query.dtype} {tuple(query.shape)} {type(query).__name__}")
         return out
 
     jax.nn.dot_product_attention = recorded
@@ -128,6 +234,7 @@ def measure_one(config, builder_over, steps):
         "last_loss": float(loss if not isinstance(loss, list) else loss[0]),
         "device_kind": jax.devices()[0].device_kind,
         "attention_implementations": sorted(taken),  # empty: the layers computed their scores themselves
+        "attention_calls": sorted(calls),
     }
 
 
@@ -160,6 +267,46 @@ def measure(args, known):
         run["rows"].append({"config": label, **row})
         print(json.dumps(run["rows"][-1]), flush=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def deviceless(args, known):
+    """XLA:GPU's figure for the measured held-out configs, compiled without a GPU, beside the measured peaks."""
+    import kdist
+    import kdist.planning.planner as planner
+    from kdist.machine import machine_info
+    from kdist.planning.calibration import build_config
+
+    results = json.loads(args.out.read_text())
+    materialized = {
+        row["config"]
+        for run in results["runs"]
+        for row in run["rows"]
+        if "error" not in row and row["estimate"]["attention"] != "fused"
+    }
+    figures = {label: {} for label, *_ in HELD_OUT_GPU if label in materialized}
+    for name, options in (("xla_gpu_deviceless", planner.COMPILER_OPTIONS), ("xla_gpu_deviceless_triton_gemm", {})):
+        planner.COMPILER_OPTIONS = options  # this benchmark's switch; kdist.plan always compiles with cuBLAS GEMMs
+        for label in figures:
+            config, builder_over = known[label]
+            try:
+                plan = kdist.plan(
+                    lambda c=config, b=builder_over: build_config(c, **b),
+                    1,
+                    batch_size=config["batch_size"],
+                    sequence_length=config["sequence_length"],
+                    target="H100",
+                    attention="materialized",
+                    verify=True,
+                    verify_target="H100",
+                )
+                figures[label][name] = plan.candidates[0].compiled["peak"]
+            except Exception as e:  # Triton GEMMs untuned can fail XLA's tiling (kdist.planning.deviceless)
+                figures[label][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            print(f"{label:46} {name:32} {figures[label][name]}", flush=True)
+    note = "XLA:GPU compiled for a deviceless H100 on this CPU-only machine (jax's CUDA PJRT plugin); no autotuning"
+    results["deviceless"] = {"machine": {**machine_info(), "note": note}, "configs": figures}
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out}")
 
 
 def estimate(args, known):
@@ -220,6 +367,7 @@ def main():
     parser.add_argument("--timeout", type=float, default=180, help="seconds one config may take")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--xla-flags", default="--xla_gpu_autotune_level=0", help="added to XLA_FLAGS (measure.py's)")
+    parser.add_argument("--deviceless", action="store_true", help="compile the held-out configs without a GPU")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     known = configs(args.truth)
@@ -228,6 +376,8 @@ def main():
         print("RESULT " + json.dumps(measure_one(*known[args.one], args.steps)), flush=True)
     elif args.measure:
         measure(args, known)
+    elif args.deviceless:
+        deviceless(args, known)
     else:
         estimate(args, known)
 
