@@ -165,7 +165,11 @@ def configs(truth):
 
 
 def batch(model, batch_size, sequence_length):
-    """One batch as measure.py makes it: token ids in [0, 1000), masks of ones, images in [0, 1), int labels."""
+    """One batch as measure.py makes it: token ids in [0, 1000), masks of ones, images in [0, 1), int labels.
+
+    A model with a dict of outputs gets labels for each (kdist.plan traces a loss on each float output of rank
+    >= 2); measure.py's models have one output, which gets them.
+    """
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -183,8 +187,14 @@ def batch(model, batch_size, sequence_length):
                 xs[t.name] = np.zeros(shape(t), dtype=str(t.dtype))
         else:
             xs[t.name] = rng.random(shape(t), dtype=np.float32)
-    out = model.outputs[0]
-    y = rng.integers(0, int(out.shape[-1]), size=shape(out)[:-1]).astype("int32")
+
+    def labels(out):
+        return rng.integers(0, int(out.shape[-1]), size=shape(out)[:-1]).astype("int32")
+
+    if isinstance(model.output, dict):  # a loss on each output, as kdist.plan traces one (BERT: pooled and sequence)
+        y = {name: labels(out) for name, out in model.output.items()}
+    else:
+        y = labels(model.outputs[0])
     return (xs if len(xs) > 1 else next(iter(xs.values()))), y
 
 
@@ -212,7 +222,10 @@ def measure_one(config, builder_over, steps):
     keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy(config.get("dtype_policy", "float32"))
     model = build_config(config, abstract=False, **builder_over)
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if isinstance(model.output, dict):
+        loss = {name: loss for name in model.output}
+    model.compile(optimizer="adam", loss=loss)
     x, y = jax.device_put(batch(model, config["batch_size"], config["sequence_length"]))
     start = time.perf_counter()
     model.train_on_batch(x, y)

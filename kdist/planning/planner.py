@@ -266,7 +266,7 @@ def _step_time_note(facts):
         f"({target.peaks[2]}), communication at bandwidth= per device; gradient reductions overlap the backward "
         "pass, fsdp gathers are prefetched one weight ahead, model/expert collectives are exposed (docs/plan.md, "
         f'"Step time"). The roofline is a lower bound: on one H100, measured steps took {low:.2f}-{high:.2f}x the '
-        f"estimate where it was {SHORT_STEP * 1e3:.0f} ms or more, and {short_low:.2f}-{short_high:.2f}x below "
+        f"estimate where it was {SHORT_STEP * 1e3:.0f} ms or more, and {short_low:.2f}-{short_high:.2f}x where less "
         f"({MEASURED_RESULTS})"
     )
 
