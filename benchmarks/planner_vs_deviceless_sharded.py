@@ -42,6 +42,11 @@ small, ViT-Base) into planner_vs_deviceless_full_size.json.
 
 plans and compiles eight more keras-hub families at hidden 256 (`FAMILIES`)
 into planner_vs_deviceless_families.json.
+
+    ... planner_vs_deviceless_sharded.py --cnns
+
+plans and compiles three Keras Applications CNNs (`CNNS`: MobileNetV2,
+EfficientNetB0, DenseNet121) into planner_vs_deviceless_cnns.json.
 """
 
 import argparse
@@ -127,8 +132,10 @@ CONFIGS = [
 
 
 def hub_builder(cls, config):
-    """A function building keras-hub's backbone `cls` with `config` (keras-hub imported when it runs, after kdist)."""
-    return lambda: getattr(importlib.import_module("keras_hub").models, cls)(**config)
+    """A function building keras-hub's backbone `cls` (or a dotted path: "keras.applications.MobileNetV2") with
+    `config` (keras-hub imported when it runs, after kdist)."""
+    module, _, name = cls.rpartition(".")
+    return lambda: getattr(importlib.import_module(module or "keras_hub.models"), name)(**config)
 
 
 # Mixture-of-experts backbones: kdist's tiny zoo configs (hidden 64, 2 layers, 4 experts, top 2) at a batch that makes
@@ -204,6 +211,14 @@ FAMILIES = [
 ]
 
 
+# Convolutional networks: three Keras Applications no band row was drawn from, at 224 x 224 and 32 images per device.
+# `--cnns` plans and compiles these into planner_vs_deviceless_cnns.json; the CNN band is drawn from them.
+CNNS = [
+    (f"{name.lower()} 224 b256", f"keras.applications.{name}", dict(weights=None), 256, None)
+    for name in ("MobileNetV2", "EfficientNetB0", "DenseNet121")
+]
+
+
 def compiled_rows(result, **fields):
     """A row per compiled candidate of `result`: `fields`, the mesh, the estimate, XLA's figure, their ratio."""
     return [
@@ -220,9 +235,10 @@ def compiled_rows(result, **fields):
 
 
 def config_named(model):
-    """The first entry of CONFIGS, HELD_OUT, MOE, FULL_SIZE, FAMILIES whose label begins with the words `model`."""
+    """The first entry of CONFIGS, HELD_OUT, MOE, FULL_SIZE, FAMILIES, CNNS whose label begins with `model`'s words."""
     words = model.split()
-    return next(c for c in CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES if c[0].split()[: len(words)] == words)
+    every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + CNNS
+    return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
 def main():
@@ -237,6 +253,7 @@ def main():
     parser.add_argument("--moe", action="store_true", help="the tiny mixture-of-experts configs (MOE) instead")
     parser.add_argument("--full-size", action="store_true", help="issue 21's whole configs (FULL_SIZE) instead")
     parser.add_argument("--families", action="store_true", help="other keras-hub families (FAMILIES) instead")
+    parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     args = parser.parse_args()
     devices = args.devices
     if args.moe:
@@ -245,6 +262,8 @@ def main():
         configs, name = FULL_SIZE, "full_size"
     elif args.families:
         configs, name = FAMILIES, "families"
+    elif args.cnns:
+        configs, name = CNNS, "cnns"
     elif args.held_out:
         configs, name = (HELD_OUT[:-1] if devices == DEVICES else HELD_OUT[-1:]), "held_out"
     else:

@@ -33,8 +33,8 @@ Two halves, because the measuring needs the GPU and the estimate does not:
 
 The configs: the shared file's (but the one that ran out of memory), the
 single-device configs that `planner_vs_gpu.py --deviceless` compiled without
-a GPU, and its predictions outside the file that change only batch,
-sequence or precision.
+a GPU, its predictions outside the file that change only batch, sequence
+or precision, and HELD_OUT_GPU (other families and CNNs).
 
 Run: python benchmarks/step_time_on_gpu.py --measure [--xla-flags F] [--truth PATH] [--steps N] [--budget S] [LABEL ...]
      python benchmarks/step_time_on_gpu.py --deviceless
@@ -149,7 +149,7 @@ HELD_OUT_GPU = [
 
 
 def configs(truth):
-    """{label: (config, builder overrides)} in priority order: the shared file's, then the other two lists."""
+    """{label: (config, builder overrides)} in priority order: the shared file's, then the other lists."""
     shared = {c["name"]: c for c in json.loads(Path(truth).read_text())["configs"]}
     out = {name: (c, {}) for name, c in shared.items() if isinstance(c.get("measured_peak_bytes"), (int, float))}
     for label, base, over, builder_over, devices, _ in DEVICELESS:
@@ -222,10 +222,10 @@ def measure_one(config, builder_over, steps):
     keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy(config.get("dtype_policy", "float32"))
     model = build_config(config, abstract=False, **builder_over)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if isinstance(model.output, dict):
-        loss = {name: loss for name in model.output}
-    model.compile(optimizer="adam", loss=loss)
+        loss_fn = {name: loss_fn for name in model.output}
+    model.compile(optimizer="adam", loss=loss_fn)
     x, y = jax.device_put(batch(model, config["batch_size"], config["sequence_length"]))
     start = time.perf_counter()
     model.train_on_batch(x, y)
@@ -290,13 +290,13 @@ def deviceless(args, known):
     from kdist.planning.calibration import build_config
 
     results = json.loads(args.out.read_text())
-    materialized = {
+    unfused = {
         row["config"]
         for run in results["runs"]
         for row in run["rows"]
         if "error" not in row and row["estimate"]["attention"] != "fused"
     }
-    figures = {label: {} for label, *_ in HELD_OUT_GPU if label in materialized}
+    figures = {label: {} for label, *_ in HELD_OUT_GPU if label in unfused}
     for name, options in (("xla_gpu_deviceless", planner.COMPILER_OPTIONS), ("xla_gpu_deviceless_triton_gemm", {})):
         planner.COMPILER_OPTIONS = options  # this benchmark's switch; kdist.plan always compiles with cuBLAS GEMMs
         for label in figures:

@@ -11,6 +11,7 @@ from kdist.models import mnist_mlp, tiny_transformer
 from kdist.planning.calibration import (
     AUTOTUNED_HIGH,
     BANDS,
+    CNNS_RESULTS,
     DEVICELESS_RESULTS,
     FAMILIES_RESULTS,
     FULL_SIZE_RESULTS,
@@ -70,7 +71,14 @@ def _stored_rows(fused=False):
     for _, r in _measured_rows():
         if r["estimate"]["attention"] != "fused":
             rows.append(("single", _family(r), r["measured_peak_bytes"] / r["estimate"]["peak_bytes"]))
-    for path in (DEVICELESS_RESULTS, SHARDED_RESULTS, SHARDED_64_RESULTS, FULL_SIZE_RESULTS, FAMILIES_RESULTS):
+    for path in (
+        DEVICELESS_RESULTS,
+        SHARDED_RESULTS,
+        SHARDED_64_RESULTS,
+        FULL_SIZE_RESULTS,
+        FAMILIES_RESULTS,
+        CNNS_RESULTS,
+    ):
         for r in json.loads((ROOT / path).read_text())["rows"]:
             rows.append((mesh_kind(_axes(r["mesh"])), _family(r), r["xla_gpu_deviceless"] / r["estimate"]))
     return rows
@@ -78,7 +86,7 @@ def _stored_rows(fused=False):
 
 def test_every_stored_row_falls_in_the_band_of_its_class():
     rows = _stored_rows()
-    assert len(rows) == 9 + 32 + 14 + 60 + 56 + 20 + 80
+    assert len(rows) == 9 + 32 + 14 + 60 + 56 + 20 + 80 + 30
     for kind, family, ratio in rows:
         band, why = band_class(_axes("data=1") if kind == "single" else {kind: 2}, family.split()[-1])
         high = max(band.high, SOFT_CAP_HIGH) if family == "capped transformer" else band.high
@@ -126,14 +134,17 @@ def test_configs_no_band_cites_fall_in_the_band_of_their_class():
         assert not why and band.low <= r["xla_gpu_deviceless"] / r["estimate"] <= band.high, (r["config"], r["mesh"])
 
 
-@pytest.mark.parametrize("kind", ["single", "fsdp", "model"])
-def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward(kind):
-    """The transformer bands cite only stored rows: their bounds are the extremes, not fitted (soft-capped rows reach
-    SOFT_CAP_HIGH instead of raising the class's top)."""
-    rows = [(family, r) for k, family, r in _stored_rows() if k == kind and family.endswith("transformer")]
-    band = next(b for b in BANDS if (b.mesh, b.family) == (kind, "transformer"))
+@pytest.mark.parametrize(
+    "kind,family", [("single", "transformer"), ("fsdp", "transformer"), ("model", "transformer"), ("fsdp", "cnn"),
+                    ("model", "cnn")]
+)  # fmt: skip
+def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward(kind, family):
+    """The transformer bands and the CNN bands of sharded meshes cite only stored rows: their bounds are the
+    extremes, not fitted (soft-capped rows reach SOFT_CAP_HIGH instead of raising the class's top)."""
+    rows = [(f, r) for k, f, r in _stored_rows() if k == kind and f.endswith(family)]
+    band = next(b for b in BANDS if (b.mesh, b.family) == (kind, family))
     assert band.low == pytest.approx(int(min(r for _, r in rows) * 100) / 100)
-    assert band.high == pytest.approx(-(-max(r for family, r in rows if family == "transformer") * 100 // 1) / 100)
+    assert band.high == pytest.approx(-(-max(r for f, r in rows if f == family) * 100 // 1) / 100)
 
 
 def test_a_soft_cap_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
