@@ -80,24 +80,23 @@ BANDS = (
         1.21,
         f"{GPU_RESULTS}: ResNet50 0.992; {MEASURED_RESULTS}: ResNet50 1.029 (XLA's default flags), 0.991 "
         f"(autotuning off), MobileNetV2 1.040 (held out); {DEVICELESS_RESULTS}: ResNet50 bf16 1.000; {CNNS_RESULTS}: "
-        f"MobileNetV2, EfficientNetB0, DenseNet121 on data=8 0.755-0.786; {ISSUE_21}: other CNNs 0.72-1.20 "
+        f"MobileNetV2, EfficientNetB0, DenseNet121 on data=8 0.989-1.123; {ISSUE_21}: other CNNs 0.72-1.20 "
         "(EfficientNet bf16 0.72)",
     ),
     BandClass(
         "fsdp",
         "cnn",
-        0.62,
-        0.83,
-        f"{CNNS_RESULTS}: MobileNetV2, EfficientNetB0, DenseNet121 on 3 fsdp meshes of 8 0.624-0.827 (DenseNet121 "
-        "0.624-0.626)",
+        0.97,
+        1.07,
+        f"{CNNS_RESULTS}: MobileNetV2, EfficientNetB0, DenseNet121 on 3 fsdp meshes of 8 0.972-1.060",
     ),
     BandClass(
         "model",
         "cnn",
-        0.59,
-        2.07,
-        f"{CNNS_RESULTS}: MobileNetV2, EfficientNetB0, DenseNet121 on 6 model-axis meshes of 8 0.593-2.065 "
-        "(MobileNetV2 and EfficientNetB0 model=8 2.065 and 1.744, DenseNet121 0.593-0.762)",
+        0.99,
+        2.61,
+        f"{CNNS_RESULTS}: MobileNetV2, EfficientNetB0, DenseNet121 on 6 model-axis meshes of 8 0.999-2.606 "
+        "(MobileNetV2 and EfficientNetB0 model=8 2.606 and 2.269, DenseNet121 0.999-1.243)",
     ),
     BandClass(
         "fsdp",

@@ -198,7 +198,9 @@ def reduction_order_lasts(step, factor, axes):
     run after the next layer's backward has begun). Modelled on every mesh of
     several devices: the kernels are grouped in the order the backward makes
     their gradients, and the operands of each (the layer's input and output
-    cotangent) stay alive until the group's last kernel (docs/plan.md).
+    cotangent) stay alive until the group's last kernel (docs/plan.md); a
+    reduction whose sums the input gradient needs too (BatchNormalization's)
+    runs at once (`Step.gradient_kernels`).
     """
     if math.prod(axes.values()) == 1:
         return None

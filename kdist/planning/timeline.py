@@ -40,7 +40,7 @@ class Step:
         self._life = self._gradient_kernels = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
         # shapes of the operation it runs; per variable: the events using it and its final gradient buffer.
-        self.event_flops, self.event_dtype, self.event_shapes = [], [], []
+        self.event_flops, self.event_dtype, self.event_shapes, self.event_kinds = [], [], [], []
         self.weight_uses, self.final_grads = {}, []
 
     def new(self, size, shape, term="activations", dtype="float32"):
@@ -138,7 +138,8 @@ class Step:
         self._resolve()
         memo = {}
         self.events = []
-        self.event_flops, self.event_dtype, self.event_shapes, self.final_grads = [], [], [], []
+        self.event_flops, self.event_dtype, self.event_shapes, self.event_kinds = [], [], [], []
+        self.final_grads = []
         self.sublayer_spans = []
         for item in self.agenda:
             if item[0] == "loss_start":
@@ -156,7 +157,7 @@ class Step:
                         self.events.append((made, read, tuple(r for r in read if r in writable)))
                         _, ins, outs = p.flat.eqns[i]
                         self._event_info(p.flat.flops[i], p.flat.dtype[outs[0]] if outs else "float32",
-                                         tuple(p.flat.shape[x] for x in (*ins, *outs)))  # fmt: skip
+                                         tuple(p.flat.shape[x] for x in (*ins, *outs)), p.kinds[i])  # fmt: skip
                         if backward:  # a layer call's (trace_layer names every equation's sublayer)
                             self._extend_span(len(self.events) - 1, (id(mapping), p.sublayers[i]))
             elif item[0] == "acc":
@@ -179,10 +180,11 @@ class Step:
         else:
             self.sublayer_spans.append((t, t, key))
 
-    def _event_info(self, flops=0, dtype="float32", shapes=()):
+    def _event_info(self, flops=0, dtype="float32", shapes=(), kind="other"):
         self.event_flops.append(flops)
         self.event_dtype.append(str(dtype))
         self.event_shapes.append(shapes)
+        self.event_kinds.append(kind)
 
     def _add_gathers(self, remat, gather_itemsize):
         """FSDP: each weight a kernel reads is all-gathered before it (full size here; 0 after scaling without fsdp).
@@ -257,15 +259,34 @@ class Step:
         return self._life
 
     def gradient_kernels(self):
-        """(event, gradient buffers it makes, buffers it reads) of each backward kernel making weight gradients."""
+        """(event, gradient buffers it makes, buffers it reads) of each backward kernel making weight gradients.
+
+        Left out: a reduction whose gradient has the shape of what a reduction of the input gradient's path
+        makes from a buffer it reads too (BatchNormalization's scale and offset gradients: the per-channel sums
+        its input gradient needs). XLA:GPU fuses such sibling reductions into one kernel, which runs where the
+        input gradient needs it.
+        """
         if self._gradient_kernels is None:
+            start = self.bwd_start or 0
+            reductions = [u for u in range(start, len(self.events)) if self.event_kinds[u] == "reduction"]
             self._gradient_kernels = []
-            for t, (made, used, _) in enumerate(self.events[self.bwd_start or 0 :], start=self.bwd_start or 0):
+            for t, (made, used, _) in enumerate(self.events[start:], start=start):
                 grads = [g for g in made if self.term[g] == "gradients" and g in self.weight_of]
-                if grads:
-                    read = [u for u in used if self.term[u] != "external"]
+                read = [u for u in used if self.term[u] != "external"]
+                if grads and not (t in reductions and self._has_sibling(t, grads[0], read, reductions)):
                     self._gradient_kernels.append((t, np.array(grads, dtype=int), np.array(read, dtype=int)))
         return self._gradient_kernels
+
+    def _has_sibling(self, t, grad, read, reductions):
+        """Whether another reduction reads one of the buffers reduction t reads into a backward value (not a
+        gradient, nor its unreduced copy) of the gradient's shape, size-1 dimensions aside."""
+        shape, read = _squeezed(self.shape[grad]), set(read)
+        return any(
+            u != t
+            and read.intersection(self.events[u][1])
+            and any(_squeezed(self.shape[m]) == shape and self.term[m] == "backward" for m in self.events[u][0])
+            for u in reductions
+        )
 
     def sweep(self, factor, last=None):
         """Live bytes after each event, per term ({term: array}), with each buffer's size times `factor`.
@@ -297,6 +318,10 @@ class Step:
         if t < (self.bwd_start or 0):
             return "forward"
         return "optimizer update" if t >= len(self.events) - 1 else "backward"
+
+
+def _squeezed(shape):
+    return tuple(d for d in shape if d != 1)
 
 
 def _made_forward(p, x):

@@ -90,3 +90,34 @@ def test_each_operation_belongs_to_the_innermost_layer_with_sublayers_that_ran_i
         "",
     ]
     assert sublayer_paths(block, scopes) == ["attention", "attention", "attention", "", "", ""]
+
+
+def _conv_batch_norm():
+    images = keras.Input((16, 16, 3))
+    h = keras.layers.Conv2D(24, 3, use_bias=False)(images)
+    h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+    return keras.Model(images, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+
+
+def _gradient_kernels(build):
+    """(the backward's weight-gradient kernels that wait for their reduction, every gradient it makes), by shape."""
+    model = kdist.abstract_model(build)
+    step = trace_step(model, ModelFacts(model, "adam", None, None, None, resolve_target("gpu")).inputs).step
+    waiting = [({step.shape[g] for g in grads}, {step.shape[r] for r in reads}) for _, grads, reads in
+               step.gradient_kernels()]  # fmt: skip
+    every = {step.shape[g] for t, (out, _, _) in enumerate(step.events) if t >= step.bwd_start for g in out
+             if g in step.weight_of}  # fmt: skip
+    return waiting, every
+
+
+def test_batch_norm_scale_and_offset_gradients_do_not_wait_for_a_reduction_but_kernels_and_layer_norms_do():
+    """XLA fuses BatchNormalization's scale and offset sums with the same sums of its input gradient: they run where
+    the backward needs them, holding nothing batch-sized (MobileNetV2 on data=8, docs/plan.md "Three CNNs on every
+    mesh of 8"); a convolution's and a LayerNorm's weight gradients wait."""
+    waiting, every = _gradient_kernels(_conv_batch_norm)
+    assert (24,) in every and (24,) not in {shape for grads, _ in waiting for shape in grads}
+    per_channel = [reads for grads, reads in waiting if grads <= {(24,), (1, 1, 1, 24)}]
+    assert all(TRACE_BATCH not in shape for reads in per_channel for shape in reads)
+    assert any((3, 3, 3, 24) in grads and (TRACE_BATCH, 14, 14, 24) in reads for grads, reads in waiting)
+    waiting, every = _gradient_kernels(kdist.models.tiny_transformer)
+    assert {shape for grads, _ in waiting for shape in grads} == every  # a LayerNorm sums over other axes
