@@ -54,6 +54,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from planner_vs_gpu import DEVICELESS, PLAIN, PREDICT, TRUTH, prediction_config  # noqa: E402  (a sibling script)
 
+from kdist.zoo import TINY  # noqa: E402  (after planner_vs_gpu chose the platform: importing kdist imports jax)
+
 OUT = Path(__file__).parent / "results" / "step_time_on_gpu.json"
 
 # Held out on the GPU: families, sizes and CNNs no measured row or band was drawn from (Gemma 2's capped scores,
@@ -66,17 +68,7 @@ HELD_OUT_GPU = [
         "gemma2 h1024 8 layers b8 s1024",
         "keras_hub.models.GemmaBackbone",
         dict(
-            _LM_1024,
-            num_query_heads=8,
-            num_key_value_heads=4,
-            head_dim=128,
-            query_head_dim_normalize=False,
-            use_post_ffw_norm=True,
-            use_post_attention_norm=True,
-            attention_logit_soft_cap=50.0,
-            final_logit_soft_cap=30.0,
-            use_sliding_window_attention=True,
-            sliding_window_size=512,
+            TINY["gemma2"], **_LM_1024, num_query_heads=8, num_key_value_heads=4, head_dim=128, sliding_window_size=512
         ),
         8,
         1024,
