@@ -39,7 +39,8 @@ class Step:
         self.merged = []  # (shared input, outputs, biased sums) of a call's GEMMs XLA may merge: `Program.merged`
         self._life = self._gradient_kernels = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
-        # shapes of the operation it runs; per variable: the events using it and its final gradient buffer.
+        # shapes of the operation it runs (and its kind, for `gradient_kernels`); per variable: the events using
+        # it and its final gradient buffer.
         self.event_flops, self.event_dtype, self.event_shapes, self.event_kinds = [], [], [], []
         self.weight_uses, self.final_grads = {}, []
 
@@ -272,9 +273,12 @@ class Step:
             self._gradient_kernels = []
             for t, (made, used, _) in enumerate(self.events[start:], start=start):
                 grads = [g for g in made if self.term[g] == "gradients" and g in self.weight_of]
+                if not grads:
+                    continue
                 read = [u for u in used if self.term[u] != "external"]
-                if grads and not (t in reductions and self._has_sibling(t, grads[0], read, reductions)):
-                    self._gradient_kernels.append((t, np.array(grads, dtype=int), np.array(read, dtype=int)))
+                if self.event_kinds[t] == "reduction" and self._has_sibling(t, grads[0], read, reductions):
+                    continue
+                self._gradient_kernels.append((t, np.array(grads, dtype=int), np.array(read, dtype=int)))
         return self._gradient_kernels
 
     def _has_sibling(self, t, grad, read, reductions):
