@@ -1,4 +1,5 @@
-"""Tracing the training step: integer indexing (BERT's `x[:, 0, :]`) and layers that cannot be traced."""
+"""Tracing the training step: integer indexing (BERT's `x[:, 0, :]`), layers that cannot be traced, and which of the
+step's weight-gradient kernels wait for their reduction."""
 
 import keras
 import pytest
