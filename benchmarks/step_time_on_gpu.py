@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from planner_vs_gpu import DEVICELESS, PLAIN, PREDICT, TRUTH, prediction_config  # noqa: E402  (a sibling script)
+from planner_vs_gpu import DEVICELESS, PLAIN, PREDICT, TRUTH, _plan, prediction_config  # noqa: E402  (a sibling)
 
 from kdist.zoo import TINY  # noqa: E402  (after planner_vs_gpu chose the platform: importing kdist imports jax)
 
@@ -63,6 +63,7 @@ OUT = Path(__file__).parent / "results" / "step_time_on_gpu.json"
 # this checkout before they ran. Each is (label, builder, builder config, batch, sequence, dtype policy).
 _LM_1024 = dict(vocabulary_size=32000, num_layers=8, hidden_dim=1024, intermediate_dim=4096)
 _ENCODER_BASE = dict(vocabulary_size=30522, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072)
+_VIT_BASE = dict(image_shape=(224, 224, 3), num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072)
 HELD_OUT_GPU = [
     (
         "gemma2 h1024 8 layers b8 s1024",
@@ -108,28 +109,11 @@ HELD_OUT_GPU = [
     ),
     ("bert base b32 s512", "keras_hub.models.BertBackbone", _ENCODER_BASE, 32, 512, "float32"),
     ("roberta base b32 s512 bf16", "keras_hub.models.RobertaBackbone", _ENCODER_BASE, 32, 512, "mixed_bfloat16"),
-    (
-        "deit base b64",
-        "keras_hub.models.DeiTBackbone",
-        dict(
-            image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072
-        ),
-        64,
-        None,
-        "float32",
-    ),
+    ("deit base b64", "keras_hub.models.DeiTBackbone", dict(_VIT_BASE, patch_size=16), 64, None, "float32"),
     (
         "dinov2 base b64",
         "keras_hub.models.DINOV2Backbone",
-        dict(
-            image_shape=(224, 224, 3),
-            patch_size=14,
-            num_layers=12,
-            num_heads=12,
-            hidden_dim=768,
-            intermediate_dim=3072,
-            position_embedding_shape=(518, 518, 3),
-        ),
+        dict(_VIT_BASE, patch_size=14, position_embedding_shape=(518, 518, 3)),
         64,
         None,
         "float32",
@@ -294,16 +278,8 @@ def deviceless(args, known):
         for label in figures:
             config, builder_over = known[label]
             try:
-                plan = kdist.plan(
-                    lambda c=config, b=builder_over: build_config(c, **b),
-                    1,
-                    batch_size=config["batch_size"],
-                    sequence_length=config["sequence_length"],
-                    target="H100",
-                    attention="materialized",
-                    verify=True,
-                    verify_target="H100",
-                )
+                build = lambda c=config, b=builder_over: build_config(c, **b)  # noqa: E731
+                plan = _plan(kdist, build, config, attention="materialized", verify=True, verify_target="H100")
                 figures[label][name] = plan.candidates[0].compiled["peak"]
             except Exception as e:  # Triton GEMMs untuned can fail XLA's tiling (kdist.planning.deviceless)
                 figures[label][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
