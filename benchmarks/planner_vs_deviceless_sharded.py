@@ -47,6 +47,12 @@ into planner_vs_deviceless_families.json.
 
 plans and compiles three Keras Applications CNNs (`CNNS`: MobileNetV2,
 EfficientNetB0, DenseNet121) into planner_vs_deviceless_cnns.json.
+
+    ... planner_vs_deviceless_sharded.py --cnns-held-out
+
+plans and compiles three more (`CNNS_HELD_OUT`: ResNet50, InceptionV3,
+ConvNeXtTiny), first run with the convolution rules drawn from `CNNS`, into
+planner_vs_deviceless_cnns_held_out.json.
 """
 
 import argparse
@@ -217,6 +223,11 @@ CNNS = [
     (f"{name.lower()} 224 b256", f"keras.applications.{name}", dict(weights=None), 256, None)
     for name in ("MobileNetV2", "EfficientNetB0", "DenseNet121")
 ]
+# Compiled first with the convolution rules of `kdist.planning.propagation` drawn from CNNS: held out from them.
+CNNS_HELD_OUT = [
+    (f"{name.lower()} 224 b256", f"keras.applications.{name}", dict(weights=None), 256, None)
+    for name in ("ResNet50", "InceptionV3", "ConvNeXtTiny")
+]
 
 
 def compiled_rows(result, **fields):
@@ -235,9 +246,9 @@ def compiled_rows(result, **fields):
 
 
 def config_named(model):
-    """The first entry of CONFIGS, HELD_OUT, MOE, FULL_SIZE, FAMILIES, CNNS whose label begins with `model`'s words."""
+    """The first entry of the config lists above (CONFIGS ... CNNS_HELD_OUT) whose label begins with `model`'s words."""
     words = model.split()
-    every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + CNNS
+    every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + CNNS + CNNS_HELD_OUT
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -254,6 +265,7 @@ def main():
     parser.add_argument("--full-size", action="store_true", help="issue 21's whole configs (FULL_SIZE) instead")
     parser.add_argument("--families", action="store_true", help="other keras-hub families (FAMILIES) instead")
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
+    parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
     args = parser.parse_args()
     devices = args.devices
     if args.moe:
@@ -264,6 +276,8 @@ def main():
         configs, name = FAMILIES, "families"
     elif args.cnns:
         configs, name = CNNS, "cnns"
+    elif args.cnns_held_out:
+        configs, name = CNNS_HELD_OUT, "cnns_held_out"
     elif args.held_out:
         configs, name = (HELD_OUT[:-1] if devices == DEVICES else HELD_OUT[-1:]), "held_out"
     else:

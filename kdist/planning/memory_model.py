@@ -263,7 +263,8 @@ def model_split_factors(facts, rows, axes):
         else:
             if layout not in cache:
                 cache[layout] = propagation.split_axes(step, [per_representative[i] for i in static["rep_of"]])
-            cache[key] = np.array(propagation.factors(cache[layout], step.shape, axes))
+            splits, twice = cache[layout]
+            cache[key] = np.array(propagation.factors(splits, step.shape, axes, twice))
     return cache[key]
 
 

@@ -18,6 +18,17 @@ carries each split dimension through the operations that read it.
   does not split is gathered whole before it (a normalized residual stream
   read by a projection whose kernel splits its output): counted whole, as
   XLA keeps the gathered copy for the backward on some meshes (docs/plan.md).
+  A convolution gathers an input split on the channels it reads whole (its
+  kernel splits its output channels: XLA:GPU keeps that copy for the weight
+  gradient on every mesh); a grouped (depthwise) one convolves each
+  device's own channels;
+- a convolution whose kernel splits the channels it contracts makes a
+  partial sum: whole, whatever reads it, and where it is the gradient of a
+  split input, counted twice: XLA reduce-scatters it to the input's split
+  from a copy with the channels leading (cuDNN writes them last). A matrix
+  product's partial sum is counted as its readers split it: counted whole,
+  the transformers whose residual stream is split went further over XLA's
+  figure (docs/plan.md, "Convolutions on a model axis").
 
 A model whose rules put the hidden size of a position table on 'model' has
 its residual stream split over 'model', as in XLA's compile; one whose rules
@@ -58,7 +69,8 @@ PARAMS = {
 
 
 def split_axes(step, weight_splits):
-    """Per buffer of `step`: {axis: dimension} of the model-parallel axes that split it ({} when none).
+    """Per buffer of `step`: {axis: dimension} of the model-parallel axes that split it ({} when none), and the
+    buffers XLA holds twice: a convolution's partial sum that its readers take split (`_conv_partial`).
 
     `weight_splits`: per variable index (`step.weight_of`), {axis: dimension}
     of its layout on the candidate mesh. A call whose inputs are split as an
@@ -70,8 +82,10 @@ def split_axes(step, weight_splits):
         if step.term[g] == "external":
             splits[g] = dict(weight_splits[var])
     forward = {}  # per call (its mapping): its forward run's key and local splits, read by its backward run
-    memo = {}  # run key -> (local splits, local ids a matrix product gathers -> axes)
+    memo = {}  # run key -> (local splits, local ids a contraction gathers -> axes, local partial sums)
     gathered = {}  # buffer -> the axes a matrix product gathers it over
+    summed = set()  # a convolution's partial sums: whole until their reduction, whatever reads them
+    scattered = {}  # those of a split input's gradient -> its axes: reduce-scattered from a features-first copy
     for item in step.agenda:
         if item[0] == "acc":
             splits[item[1]] = _merged([splits[x] for x in item[2]])
@@ -88,11 +102,17 @@ def split_axes(step, weight_splits):
         key = (id(p), lo, before, fixed, tuple(sorted((x, tuple(sorted(s.items()))) for x, s in given.items())))
         if key not in memo:
             memo[key] = _run(p.flat, lo, hi, dict(env), given, fixed)
-        env, gathered_here = memo[key]
+        env, gathered_here, summed_here = memo[key]
         forward[id(mapping)] = (key, env)
+        for x in summed_here:
+            if mapping.get(x) is not None:
+                summed.add(mapping[x])
+            primal = mapping[p.a[p.ga.index(x)]] if x in p.ga else None
+            if primal is not None and splits[primal]:  # XLA gives an input's gradient the input's split
+                scattered[mapping[x]] = set(splits[primal])
         for x, s in env.items():
             g = mapping.get(x)
-            if g is not None and not _fixed(step, g):
+            if g is not None and not _fixed(step, g) and g not in summed:
                 splits[g] = _fit(s, p.flat.shape[x], step.shape[g])
         for x, axes in gathered_here.items():
             if mapping.get(x) is not None:
@@ -100,12 +120,12 @@ def split_axes(step, weight_splits):
     for g, axes in gathered.items():  # read whole by a matrix product: XLA keeps the gathered copy
         if not _fixed(step, g):
             splits[g] = {a: d for a, d in splits[g].items() if a not in axes}
-    return splits
+    return splits, scattered
 
 
 def _run(f, lo, hi, env, given, fixed):
     """Operations lo..hi of program `f`: the local splits after them (`env` extended) and the values gathered."""
-    gathered = {}
+    gathered, summed = {}, set()
     for i in range(lo, hi):
         name, ins, outs = f.eqns[i]
         operands = []
@@ -113,20 +133,28 @@ def _run(f, lo, hi, env, given, fixed):
             if x not in env:
                 env[x] = given.get(x, {})
             operands.append(env[x])
-        made = _rule(name, f.params[i], operands, [f.shape[x] for x in ins], [f.shape[o] for o in outs])
+        shapes = [f.shape[x] for x in ins]
+        made = _rule(name, f.params[i], operands, shapes, [f.shape[o] for o in outs])
         for o, s in zip(outs, made):
             env[o] = s
         if name == "dot_general":
-            for x, axes in zip(ins, _gathered(f.params[i], operands)):
-                if axes:
-                    gathered.setdefault(x, set()).update(axes)
+            found = _gathered(f.params[i], operands)
+        elif name == "conv_general_dilated":
+            found = _conv_gathered(f.params[i], operands, shapes)
+            if _conv_partial(f.params[i], operands, shapes):
+                summed.update(outs)
+        else:
+            continue
+        for x, axes in zip(ins, found):
+            if axes:
+                gathered.setdefault(x, set()).update(axes)
     for i in range(hi - 1, lo - 1, -1):  # back from readers: a value an elementwise reader splits is split
         name, ins, outs = f.eqns[i]
         if name in _SAME_POSITIONS and outs and env[outs[0]]:
             for x in ins:
                 if not env[x] and f.shape[x] == f.shape[outs[0]] and x not in fixed:
                     env[x] = env[outs[0]]
-    return env, gathered
+    return env, gathered, summed
 
 
 def _fit(split, shape, buffer_shape):
@@ -139,12 +167,14 @@ def _fixed(step, g):
     return step.term[g] == "external" or g in step.weight_of
 
 
-def factors(splits, shapes, axes):
+def factors(splits, shapes, axes, twice=None):
     """Per buffer: the share of it one device holds, its split dimensions divided by `axes` (role -> size).
 
     A dimension of n split m ways is padded to a multiple of m: a device holds ceil(n / m) of its n.
+    `twice`: buffer -> axes (`split_axes`'s second result); it counts twice where one of them has several devices.
     """
-    out = [1.0] * len(splits)
+    twice = twice or {}
+    out = [2.0 if any(axes.get(a, 1) > 1 for a in twice.get(g, ())) else 1.0 for g in range(len(splits))]
     for g, s in enumerate(splits):
         for axis, d in s.items():
             n, m = shapes[g][d], axes.get(axis, 1)
@@ -218,6 +248,35 @@ def _gathered(params, operands):
     for side, other, mine, theirs in ((lhs, rhs, lc, rc), (rhs, lhs, rc, lc)):
         out.append({a for a, d in side.items() if d in mine and other.get(a) != theirs[list(mine).index(d)]})
     return out
+
+
+def _conv_gathered(dimension_numbers, operands, shapes):
+    """Per operand of a convolution: the axes its input is gathered over (features split, the kernel's not).
+
+    A grouped convolution (a depthwise one: the input has more features than
+    the kernel reads per group) keeps an input split that its kernel's output
+    features share: each device convolves its own groups.
+    """
+    lhs_spec, rhs_spec, _ = dimension_numbers
+    lhs, rhs = operands[0], operands[1] if len(operands) > 1 else {}
+    kernel_dim = rhs_spec[0] if _grouped(dimension_numbers, shapes) else rhs_spec[1]
+    return [{a for a, d in lhs.items() if d == lhs_spec[1] and rhs.get(a) != kernel_dim}, set()]
+
+
+def _conv_partial(dimension_numbers, operands, shapes):
+    """Whether a convolution's output is a partial sum: its kernel split on the input features it contracts, the
+    input split alike or whole (each device then reads its slice).
+    """
+    lhs_spec, rhs_spec, _ = dimension_numbers
+    lhs, rhs = operands[0], operands[1] if len(operands) > 1 else {}
+    contracted = any(d == rhs_spec[1] and lhs.get(a, lhs_spec[1]) == lhs_spec[1] for a, d in rhs.items())
+    return contracted and not _grouped(dimension_numbers, shapes)
+
+
+def _grouped(dimension_numbers, shapes):
+    """Whether a convolution is grouped: its input has more features than its kernel reads (depthwise)."""
+    lhs_spec, rhs_spec, _ = dimension_numbers
+    return shapes[0][lhs_spec[1]] != shapes[1][rhs_spec[1]]
 
 
 def _reshape(split, shape, new_shape):

@@ -5,7 +5,7 @@ from jax.lax import GatherDimensionNumbers
 
 import kdist
 from kdist.planning.facts import ModelFacts
-from kdist.planning.propagation import _gathered, _reshape, _rule, split_axes
+from kdist.planning.propagation import _conv_gathered, _conv_partial, _gathered, _reshape, _rule, factors, split_axes
 from kdist.planning.step import trace_step
 from kdist.planning.targets import resolve_target
 from kdist.planning.trace import TRACE_BATCH
@@ -46,9 +46,13 @@ def _traced(build):
     return trace_step(model, facts.inputs)
 
 
-def _splits(traced, layout):
+def _split_axes(traced, layout):
     """`split_axes` with the weights laid out as `layout` says ({"up/kernel": {"model": 1}}; others whole)."""
     return split_axes(traced.step, [layout.get(v.path, {}) for v in traced.variables])
+
+
+def _splits(traced, layout):
+    return _split_axes(traced, layout)[0]
 
 
 def _buffers(step, shape):
@@ -153,3 +157,56 @@ def test_a_split_given_to_a_view_of_another_rank_fits_the_buffer_it_aliases():
     assert all(d < len(traced.step.shape[g]) for g, s in enumerate(splits) for d in s.values())
     assert any(s == {"model": 3} for s in splits)  # the convolution's output channels stay split
     assert kdist.plan(_squeeze_excite, 8, batch_size=16).candidate("model=8").peak > 0
+
+
+def _convolutions(depthwise=False):
+    """Two convolutions whose kernels split their output channels, a depthwise one between them when asked."""
+    images = keras.Input((8, 8, 4))
+    x = keras.layers.Conv2D(16, 3, padding="same", name="first")(images)
+    if depthwise:
+        x = keras.layers.DepthwiseConv2D(3, padding="same", name="depthwise")(x)
+    x = keras.layers.Conv2D(16, 3, padding="same", name="second")(keras.layers.ReLU()(x))
+    return keras.Model(images, keras.layers.Dense(10, name="head")(keras.layers.GlobalAveragePooling2D()(x)))
+
+
+CHANNELS = {"first/kernel": {"model": 3}, "second/kernel": {"model": 3}, "depthwise/kernel": {"model": 2}}
+
+
+def _cotangents(step, shape):
+    """The backward buffers of `shape` a convolution's input gradient makes (the layer's cotangent)."""
+    return [g for g, s in enumerate(step.shape) if s == shape and step.term[g] == "backward"]
+
+
+def test_a_convolution_gathers_an_input_split_on_the_channels_it_reads_whole():
+    """XLA:GPU all-gathers the second convolution's input and keeps the whole copy for the weight gradient."""
+    traced = _traced(_convolutions)
+    splits, twice = _split_axes(traced, CHANNELS)
+    relu_input = _input_of(traced.step, "re_lu")
+    assert splits[relu_input] == {"model": 3}  # the first convolution's output channels
+    assert splits[_input_of(traced.step, "second")] == {}  # gathered whole
+    # The second convolution's input gradient is a partial sum over its split channels: whole, and reduce-scattered
+    # to the split its reader (the ReLU's backward) takes from a copy with the channels leading.
+    partial = [g for g in twice if traced.step.shape[g] == (TRACE_BATCH, 8, 8, 16)]
+    assert len(partial) == 1 and splits[partial[0]] == {} and twice[partial[0]] == {"model"}
+    shares = factors(splits, traced.step.shape, {"model": 4}, twice)
+    assert shares[partial[0]] == 2.0 and shares[relu_input] == 0.25
+    assert factors(splits, traced.step.shape, {"model": 1}, twice)[partial[0]] == 1.0
+
+
+def test_a_depthwise_convolution_keeps_its_input_split_on_the_channels_its_kernel_splits():
+    traced = _traced(lambda: _convolutions(depthwise=True))
+    splits, _ = _split_axes(traced, CHANNELS)
+    assert splits[_input_of(traced.step, "depthwise")] == {"model": 3}  # each device convolves its own channels
+    assert splits[_input_of(traced.step, "second")] == {}
+
+
+def test_a_convolution_gathers_and_sums_as_its_operands_splits_say():
+    numbers = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))  # NHWC images, HWIO kernels
+    images, kernel, depthwise = (4, 8, 8, 16), (3, 3, 16, 32), (3, 3, 1, 16)
+    assert _conv_gathered(numbers, [{"model": 3}, {"model": 3}], [images, kernel]) == [{"model"}, set()]
+    assert _conv_gathered(numbers, [{"model": 3}, {"model": 2}], [images, kernel]) == [set(), set()]
+    assert _conv_partial(numbers, [{"model": 3}, {"model": 2}], [images, kernel])  # row-parallel: a partial sum
+    assert _conv_partial(numbers, [{}, {"model": 2}], [images, kernel])  # each device reads its slice
+    assert not _conv_partial(numbers, [{}, {"model": 3}], [images, kernel])
+    assert _conv_gathered(numbers, [{"model": 3}, {"model": 3}], [images, depthwise]) == [set(), set()]
+    assert not _conv_partial(numbers, [{"model": 3}, {"model": 3}], [images, depthwise])
