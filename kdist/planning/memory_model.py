@@ -241,6 +241,8 @@ def buffer_factors(facts, rows, axes, local_batch):
     rep = static["rep"]  # -1 (no weight) picks the sentinel: shard 1, gathered 0
     out = np.where(static["weighty"], shard[rep], out)
     out = np.where(static["gathered"], gathered[rep], out)
+    several = math.prod(axes.values()) > 1 and facts.traced.step.rules.platform != "cpu"  # collectives overlap
+    out = np.where(static["overlapped"] == (not several), 0.0, out)
     if facts.dtype is not None:
         out = out * np.where(static["floating"], itemsize(facts.dtype) / static["itemsize"], 1.0)
     return out
@@ -299,6 +301,8 @@ def _static(facts):
         "floating": floating,
         "itemsize": np.where(sizes > 0, sizes, 1.0),
         "rep_of": rep_of,
+        # 1 / 0: a buffer only on meshes whose collectives overlap / only on the others; -1: both (`Step.overlapped`)
+        "overlapped": np.array([int(step.overlapped[g]) if g in step.overlapped else -1 for g in range(n)]),
         "splits": {},  # weights' model/expert splits (and axis sizes) -> `propagation.split_axes` (`factors`)
     }
     return facts._buffer_static

@@ -28,7 +28,7 @@ carries each split dimension through the operations that read it.
   from a copy with the channels leading (cuDNN writes them last). A matrix
   product's partial sum is counted as its readers split it: counted whole,
   the transformers whose residual stream is split went further over XLA's
-  figure (docs/plan.md, "Convolutions on a model axis").
+  figure (docs/plan.md, "Following the model axis through the step").
 
 A model whose rules put the hidden size of a position table on 'model' has
 its residual stream split over 'model', as in XLA's compile; one whose rules
@@ -49,6 +49,7 @@ _SAME_POSITIONS = frozenset(
     ceil round is_finite nextafter clamp shift_left shift_right_logical shift_right_arithmetic bitcast_convert_type
     copy copy_p atan2 rem stop_gradient reduce_precision pad slice dynamic_slice dynamic_update_slice rev mul_add
     logaddexp split cumsum cumlogsumexp cummax cummin cumprod optimization_barrier select_and_gather_add tile sort
+    select_and_scatter_add
     scatter scatter-add scatter_add scatter-sub scatter_sub scatter-mul scatter_mul scatter-min scatter_min
     scatter-max scatter_max""".split()
 )
@@ -120,6 +121,8 @@ def split_axes(step, weight_splits):
     for g, axes in gathered.items():  # read whole by a matrix product: XLA keeps the gathered copy
         if not _fixed(step, g):
             splits[g] = {a: d for a, d in splits[g].items() if a not in axes}
+    for g, source in step.derived.items():
+        splits[g] = dict(splits[source])
     return splits, scattered
 
 

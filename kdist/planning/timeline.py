@@ -11,6 +11,8 @@ are at the traced batch; a per-candidate factor per buffer rescales them.
 XLA's latency-hiding scheduler may reorder (`memory_model.scheduler_lasts`).
 """
 
+import math
+
 import numpy as np
 
 from kdist.planning.buffers import fuse_into_readers
@@ -37,6 +39,9 @@ class Step:
         self.sublayer_spans = []  # (first, last event, key) of each sublayer's backward run: `_extend_span`
         self.looked_up = {}  # weight (or cast) -> whether every call reading it only looks rows up: no FSDP gather
         self.merged = []  # (shared input, outputs, biased sums) of a call's GEMMs XLA may merge: `Program.merged`
+        self.derived = {}  # buffer -> the buffer whose model-axis split it takes (`_max_pool_gradient`)
+        self.overlapped = {}  # buffer -> whether it exists only where collectives overlap (else only without)
+        self.relu_outputs = set()  # layer outputs made by a max with a constant: a ReLU's (`_max_pool_gradient`)
         self._life = self._gradient_kernels = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
         # shapes of the operation it runs (and its kind, for `gradient_kernels`); per variable: the events using
@@ -92,6 +97,10 @@ class Step:
                 self.cond[mapping[o]] = (inst, o, extra[0], extra[1])
         for x in list(p.a) + list(p.c) + list(p.ct):
             self.readers.setdefault(mapping[x], []).append((inst, x))
+        for o in p.out:
+            i = p.producer_index.get(o)
+            if i is not None and f.eqns[i][0] == "max" and len(f.eqns[i][1]) == 1:
+                self.relu_outputs.add(mapping[o])
         for shared, outs, sums in p.merged:
             self.merged.append((mapping.get(shared), [mapping[o] for o in outs], [mapping.get(x) for x in sums]))
         for x in {*p.w, *p.c, *p.lookups}:
@@ -142,19 +151,27 @@ class Step:
         self.event_flops, self.event_dtype, self.event_shapes, self.event_kinds = [], [], [], []
         self.final_grads = []
         self.sublayer_spans = []
+        forward_start = {}  # per call (its mapping): the first event of its forward run
         for item in self.agenda:
             if item[0] == "loss_start":
                 self.bwd_start = len(self.events) if self.bwd_start is None else self.bwd_start
             elif item[0] == "run":
                 _, (p, mapping), lo, hi = item
                 backward = lo > 0 and lo == p.n_fwd
+                forward_start.setdefault(id(mapping), len(self.events))
                 for i, made, maybe, used, inplace in p.kernels:
                     if not lo <= i < hi:
                         continue
                     made = [mapping[o] for o in made] + [mapping[o] for o in maybe if mapping[o] not in self.virtual]
+                    pooled = zeros = ()
+                    if backward and p.flat.eqns[i][0] == "select_and_scatter_add":
+                        cotangent, operand = p.flat.eqns[i][1][:2]
+                        made, pooled, zeros = self._max_pool_gradient(
+                            made, p.flat.shape[cotangent], mapping.get(operand), forward_start[id(mapping)]
+                        )
                     if made or p.kinds[i] == "kernel":
-                        read = tuple({r for x in used for r in self._expand(mapping[x], memo)})
-                        writable = {r for x in inplace for r in self._expand(mapping[x], memo)}
+                        read = tuple({r for x in used for r in self._expand(mapping[x], memo)}) + pooled
+                        writable = {r for x in inplace for r in self._expand(mapping[x], memo)} | set(zeros)
                         self.events.append((made, read, tuple(r for r in read if r in writable)))
                         _, ins, outs = p.flat.eqns[i]
                         self._event_info(p.flat.flops[i], p.flat.dtype[outs[0]] if outs else "float32",
@@ -173,6 +190,37 @@ class Step:
         self._add_gathers(remat, gather_itemsize)
         self._add_unreduced()
         self._life = self._gradient_kernels = None
+
+    def _max_pool_gradient(self, made, shape, pooled, forward_start):
+        """The extra buffers of a max pool's gradient: its pooled cotangent, of `shape`, scattered into `made`,
+        the gradient of input `pooled`, whose pool's forward ran from event `forward_start`.
+
+        XLA:GPU finds each window's maximum again, a reduce-window writing one
+        int32 index per dimension of `shape`, then scatters into zeros of the
+        input's shape. The indices read only forward values: on a mesh with
+        collectives XLA's latency-hiding scheduler computes them early in the
+        backward to overlap the gradients' reductions (DenseNet121 and
+        InceptionV3 on data=8: 400-600 instructions before the pool's own
+        backward), on one device just before it. The zeros come with them,
+        unless the pool reads a ReLU's output: then XLA merges them with the
+        zeros the ReLU compares with (one broadcast, written out as two
+        buffers), made in the forward and alive until the backward
+        (docs/plan.md, "Max pools"). Returns (made, read, may write over).
+        """
+        indices = math.prod(shape) * 4 * len(shape)
+        late, early = (self.new(indices, shape, "backward", "int32") for _ in range(2))
+        self.overlapped.update({late: False, early: True})
+        self.events[self.bwd_start][0].append(early)
+        zeros = []
+        if made:
+            shared = pooled in self.relu_outputs  # one broadcast of zeros with the ReLU's
+            g = made[0]
+            zeros = [self.new(self.size[g], self.shape[g], "backward", self.dtype[g]) for _ in range(1 + shared)]
+            self.overlapped.update({} if shared else {zeros[0]: True})
+            self.events[forward_start if shared else self.bwd_start][0].extend(zeros)
+        for g in (late, early, *zeros):  # split over the model axis as the gradient is: same rank, same positions
+            self.derived[g] = made[0] if made else g
+        return [*made, late], (early, *zeros), tuple(zeros[:1])
 
     def _extend_span(self, t, key):
         """Event `t` of a backward: it extends the sublayer's span that ended at t - 1, or starts a new one."""

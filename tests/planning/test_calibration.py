@@ -11,6 +11,8 @@ from kdist.models import mnist_mlp, tiny_transformer
 from kdist.planning.calibration import (
     AUTOTUNED_HIGH,
     BANDS,
+    CNNS_1_RESULTS,
+    CNNS_HELD_OUT_RESULTS,
     CNNS_RESULTS,
     DEVICELESS_RESULTS,
     FAMILIES_RESULTS,
@@ -44,7 +46,8 @@ def _family(row):
     """The row's band family; Gemma 2's soft-capped attention has a band of its own reach (SOFT_CAP_HIGH)."""
     if row["config"].startswith("gemma2"):
         return "capped transformer"
-    return "cnn" if re.match(r"(resnet|mobilenet|efficientnet|densenet)", row["config"]) else "transformer"
+    cnn = re.match(r"(resnet|mobilenet|efficientnet|densenet|inception|convnext)", row["config"])
+    return "cnn" if cnn else "transformer"
 
 
 def _measured_rows():
@@ -78,6 +81,8 @@ def _stored_rows(fused=False):
         FULL_SIZE_RESULTS,
         FAMILIES_RESULTS,
         CNNS_RESULTS,
+        CNNS_HELD_OUT_RESULTS,
+        *(CNNS_1_RESULTS.replace("{,_held_out}", part) for part in ("", "_held_out")),
     ):
         for r in json.loads((ROOT / path).read_text())["rows"]:
             rows.append((mesh_kind(_axes(r["mesh"])), _family(r), r["xla_gpu_deviceless"] / r["estimate"]))
@@ -86,7 +91,7 @@ def _stored_rows(fused=False):
 
 def test_every_stored_row_falls_in_the_band_of_its_class():
     rows = _stored_rows()
-    assert len(rows) == 9 + 32 + 14 + 60 + 56 + 20 + 80 + 30
+    assert len(rows) == 9 + 32 + 14 + 60 + 56 + 20 + 80 + 30 + 30 + 6
     for kind, family, ratio in rows:
         band, why = band_class(_axes("data=1") if kind == "single" else {kind: 2}, family.split()[-1])
         high = max(band.high, SOFT_CAP_HIGH) if family == "capped transformer" else band.high

@@ -1,5 +1,7 @@
 """How the memory model scales: batch, sequence, precision, remat, fused attention, fsdp; targets and margins."""
 
+import math
+
 import keras
 import pytest
 
@@ -11,6 +13,7 @@ from kdist.planning import comm, memory_model
 from kdist.planning.buffers import Rules
 from kdist.planning.targets import DEFAULT_MARGIN, resolve_target
 from kdist.planning.timeline import Step
+from kdist.planning.trace import TRACE_BATCH
 
 LLAMA = dict(
     vocabulary_size=256, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=64, intermediate_dim=128
@@ -247,3 +250,47 @@ def test_a_named_device_kind_brings_its_memory():
     p = kdist.plan(model, 8, batch_size=16, target="H100")
     assert p.memory_per_device == 63763906560 and "H100" in p.memory_source
     assert kdist.plan(model, 8, batch_size=16, target="H100", memory_per_device="8GB").memory_per_device == 8 * 10**9
+
+
+def _max_pooled(padded):
+    images = keras.Input((32, 32, 8))
+    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(images)
+    if padded:  # ResNet50's and DenseNet121's stems pad the ReLU's output before the pool
+        x = keras.layers.ZeroPadding2D(1)(x)
+    x = keras.layers.Conv2D(16, 3, padding="same")(keras.layers.MaxPooling2D(2)(x))
+    return keras.Model(images, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(x)))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_max_pools_gradient_holds_indices_and_zeros_as_xla_gpu_schedules_them(monkeypatch, padded):
+    """XLA:GPU's max-pool gradient: one int32 index per dimension of the pooled shape, scattered into zeros of the
+    input's shape. The latency-hiding scheduler computes the indices early in the backward, on one device they come
+    with the pool's backward; the zeros come with them, but a pool reading a ReLU's output shares the ReLU's zeros,
+    two buffers alive from the forward (docs/plan.md, "Max pools")."""
+    seen = []  # (facts, axes, factors) per candidate
+    original = memory_model.buffer_factors
+    monkeypatch.setattr(
+        memory_model, "buffer_factors", lambda *a: seen.append((a[0], a[2], original(*a))) or seen[-1][2]
+    )
+    model = kdist.abstract_model(_max_pooled, padded)
+    kdist.plan(model, 1, batch_size=64)
+    kdist.plan(model, 2, batch_size=128)
+    (facts, one_axes, one), (_, _, two) = seen[0], next(s for s in seen if s[1] == {"data": 2})
+    assert math.prod(one_axes.values()) == 1
+    step = facts.traced.step
+    early = [g for g, flag in step.overlapped.items() if flag]
+    late = [g for g, flag in step.overlapped.items() if not flag]
+    zeros = [g for g in step.derived if step.dtype[g] == "float32"]
+    side = 34 if padded else 32
+    pooled = TRACE_BATCH * (side // 2) ** 2 * 16
+    assert [step.size[g] for g in late] == [pooled * 4 * 4]  # 4 int32 indices per pooled value
+    assert [step.size[g] for g in zeros] == [TRACE_BATCH * side**2 * 16 * 4] * (1 if padded else 2)
+    assert len(early) == (2 if padded else 1)  # the indices, and the zeros of a padded input
+    born = step.lifetimes()[0]
+    assert all(born[g] == step.bwd_start for g in early) and all(born[g] > step.bwd_start for g in late)
+    assert all(one[g] == 0 for g in early) and all(one[g] > 0 for g in late)
+    assert all(two[g] > 0 for g in early) and all(two[g] == 0 for g in late)
+    if padded:  # zeros of their own, made with the indices
+        assert zeros[0] in early
+    else:  # the ReLU's: made in its forward, on every mesh
+        assert all(born[g] < step.bwd_start and one[g] > 0 and two[g] > 0 for g in zeros)
