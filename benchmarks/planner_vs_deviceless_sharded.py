@@ -53,7 +53,8 @@ EfficientNetB0, DenseNet121) into planner_vs_deviceless_cnns.json.
 plans and compiles three more (`CNNS_HELD_OUT`: ResNet50, InceptionV3,
 ConvNeXtTiny), first run with the convolution rules drawn from `CNNS`, into
 planner_vs_deviceless_cnns_held_out.json. With `--devices 1 --batch 32` either
-CNN list is compiled for one H100 (files ending in _1).
+CNN list is compiled for one H100 (files ending in _1), with `--devices 16`
+for 16 (_16: MobileNetV2 and ResNet50 so far, `--models`).
 """
 
 import argparse

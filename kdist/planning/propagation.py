@@ -71,7 +71,7 @@ PARAMS = {
 
 def split_axes(step, weight_splits):
     """Per buffer of `step`: {axis: dimension} of the model-parallel axes that split it ({} when none), and the
-    buffers XLA holds twice: a convolution's partial sum that its readers take split (`_conv_partial`).
+    buffers XLA holds twice -> their axes: a convolution's partial sum that is a split input's gradient.
 
     `weight_splits`: per variable index (`step.weight_of`), {axis: dimension}
     of its layout on the candidate mesh. A call whose inputs are split as an
@@ -84,7 +84,7 @@ def split_axes(step, weight_splits):
             splits[g] = dict(weight_splits[var])
     forward = {}  # per call (its mapping): its forward run's key and local splits, read by its backward run
     memo = {}  # run key -> (local splits, local ids a contraction gathers -> axes, local partial sums)
-    gathered = {}  # buffer -> the axes a matrix product gathers it over
+    gathered = {}  # buffer -> the axes a matrix product or a convolution gathers it over
     summed = set()  # a convolution's partial sums: whole until their reduction, whatever reads them
     scattered = {}  # those of a split input's gradient -> its axes: reduce-scattered from a features-first copy
     for item in step.agenda:
@@ -106,9 +106,10 @@ def split_axes(step, weight_splits):
         env, gathered_here, summed_here = memo[key]
         forward[id(mapping)] = (key, env)
         for x in summed_here:
-            if mapping.get(x) is not None:
-                summed.add(mapping[x])
-            primal = mapping[p.a[p.ga.index(x)]] if x in p.ga else None
+            if mapping.get(x) is None:
+                continue
+            summed.add(mapping[x])
+            primal = mapping.get(p.a[p.ga.index(x)]) if x in p.ga else None
             if primal is not None and splits[primal]:  # XLA gives an input's gradient the input's split
                 scattered[mapping[x]] = set(splits[primal])
         for x, s in env.items():
@@ -118,7 +119,7 @@ def split_axes(step, weight_splits):
         for x, axes in gathered_here.items():
             if mapping.get(x) is not None:
                 gathered.setdefault(mapping[x], set()).update(axes)
-    for g, axes in gathered.items():  # read whole by a matrix product: XLA keeps the gathered copy
+    for g, axes in gathered.items():  # read whole by a contraction: XLA keeps the gathered copy
         if not _fixed(step, g):
             splits[g] = {a: d for a, d in splits[g].items() if a not in axes}
     for g, source in step.derived.items():
@@ -127,7 +128,8 @@ def split_axes(step, weight_splits):
 
 
 def _run(f, lo, hi, env, given, fixed):
-    """Operations lo..hi of program `f`: the local splits after them (`env` extended) and the values gathered."""
+    """Operations lo..hi of program `f`: the local splits after them (`env` extended), the values gathered and
+    the convolutions' partial sums."""
     gathered, summed = {}, set()
     for i in range(lo, hi):
         name, ins, outs = f.eqns[i]

@@ -213,13 +213,13 @@ class Step:
         self.events[self.bwd_start][0].append(early)
         zeros = []
         if made:
-            shared = pooled in self.relu_outputs  # one broadcast of zeros with the ReLU's
-            g = made[0]
-            zeros = [self.new(self.size[g], self.shape[g], "backward", self.dtype[g]) for _ in range(1 + shared)]
+            gradient, shared = made[0], pooled in self.relu_outputs  # shared: one broadcast with the ReLU's zeros
+            zeros = [self.new(self.size[gradient], self.shape[gradient], "backward", self.dtype[gradient])
+                     for _ in range(1 + shared)]  # fmt: skip
             self.overlapped.update({} if shared else {zeros[0]: True})
             self.events[forward_start if shared else self.bwd_start][0].extend(zeros)
-        for g in (late, early, *zeros):  # split over the model axis as the gradient is: same rank, same positions
-            self.derived[g] = made[0] if made else g
+            for g in (late, early, *zeros):  # split over the model axis as the gradient is: same rank and positions
+                self.derived[g] = gradient
         return [*made, late], (early, *zeros), tuple(zeros[:1])
 
     def _extend_span(self, t, key):
