@@ -1,4 +1,4 @@
-"""How the memory model scales: batch, sequence, precision, remat, fused attention, fsdp; targets and margins."""
+"""How the memory model scales: batch, sequence, precision, remat, fused attention, fsdp, max pools; targets."""
 
 import math
 
