@@ -1,4 +1,4 @@
-"""How the memory model scales: batch, sequence, precision, remat, fused attention, fsdp, max pools; targets."""
+"""How the memory model scales: batch, sequence, precision, remat, attention, fsdp, max pools; targets and margins."""
 
 import math
 
