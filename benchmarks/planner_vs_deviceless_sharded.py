@@ -219,17 +219,16 @@ FAMILIES = [
 ]
 
 
+def _applications(*names):
+    """Keras Applications `names` untrained, at 224 x 224 and batch 256, as config entries."""
+    return [(f"{n.lower()} 224 b256", f"keras.applications.{n}", dict(weights=None), 256, None) for n in names]
+
+
 # Convolutional networks: three Keras Applications no band row was drawn from, at 224 x 224 and 32 images per device.
 # `--cnns` plans and compiles these into planner_vs_deviceless_cnns.json; the CNN band is drawn from them.
-CNNS = [
-    (f"{name.lower()} 224 b256", f"keras.applications.{name}", dict(weights=None), 256, None)
-    for name in ("MobileNetV2", "EfficientNetB0", "DenseNet121")
-]
+CNNS = _applications("MobileNetV2", "EfficientNetB0", "DenseNet121")
 # Compiled first with the convolution rules of `kdist.planning.propagation` drawn from CNNS: held out from them.
-CNNS_HELD_OUT = [
-    (f"{name.lower()} 224 b256", f"keras.applications.{name}", dict(weights=None), 256, None)
-    for name in ("ResNet50", "InceptionV3", "ConvNeXtTiny")
-]
+CNNS_HELD_OUT = _applications("ResNet50", "InceptionV3", "ConvNeXtTiny")
 
 
 def compiled_rows(result, **fields):

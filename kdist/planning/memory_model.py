@@ -133,6 +133,12 @@ def memory_terms(facts, rows, axes, batch_size):
     return terms
 
 
+def collectives_overlap(step, axes):
+    """Whether XLA overlaps collectives with compute on mesh `axes`: several devices, not XLA:CPU (whose
+    collectives are not asynchronous)."""
+    return math.prod(axes.values()) > 1 and step.rules.platform != "cpu"
+
+
 def scheduler_lasts(step, last, axes):
     """Each buffer's last read when XLA's latency-hiding scheduler orders the backward, or `last` unchanged.
 
@@ -145,7 +151,7 @@ def scheduler_lasts(step, last, axes):
     One device (nothing to overlap) and XLA:CPU (collectives are not
     asynchronous) keep the trace's order.
     """
-    if math.prod(axes.values()) == 1 or step.rules.platform == "cpu":
+    if not collectives_overlap(step, axes):
         return last
     last = (step.lifetimes()[1] if last is None else last).copy()
     if not step.sublayer_spans:
@@ -241,8 +247,7 @@ def buffer_factors(facts, rows, axes, local_batch):
     rep = static["rep"]  # -1 (no weight) picks the sentinel: shard 1, gathered 0
     out = np.where(static["weighty"], shard[rep], out)
     out = np.where(static["gathered"], gathered[rep], out)
-    several = math.prod(axes.values()) > 1 and facts.traced.step.rules.platform != "cpu"  # collectives overlap
-    out = np.where(static["overlapped"] == (not several), 0.0, out)
+    out = np.where(static["overlapped"] == (not collectives_overlap(facts.traced.step, axes)), 0.0, out)
     if facts.dtype is not None:
         out = out * np.where(static["floating"], itemsize(facts.dtype) / static["itemsize"], 1.0)
     return out

@@ -12,6 +12,7 @@ from kdist.planning.calibration import (
     AUTOTUNED_HIGH,
     BANDS,
     CNNS_1_RESULTS,
+    CNNS_HELD_OUT_1_RESULTS,
     CNNS_HELD_OUT_RESULTS,
     CNNS_RESULTS,
     DEVICELESS_RESULTS,
@@ -82,7 +83,8 @@ def _stored_rows(fused=False):
         FAMILIES_RESULTS,
         CNNS_RESULTS,
         CNNS_HELD_OUT_RESULTS,
-        *(CNNS_1_RESULTS.replace("{,_held_out}", part) for part in ("", "_held_out")),
+        CNNS_1_RESULTS,
+        CNNS_HELD_OUT_1_RESULTS,
     ):
         for r in json.loads((ROOT / path).read_text())["rows"]:
             rows.append((mesh_kind(_axes(r["mesh"])), _family(r), r["xla_gpu_deviceless"] / r["estimate"]))
