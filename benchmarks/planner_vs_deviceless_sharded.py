@@ -258,6 +258,9 @@ def main():
     parser.add_argument("--devices", type=int, default=DEVICES)
     parser.add_argument("--models", default="", help="comma-separated label prefixes (default: all)")
     parser.add_argument("--batch", type=int, default=None, help="global batch (default: each config's)")
+    parser.add_argument(
+        "--meshes", default="", help="';'-separated meshes to compile again, their rows replaced (default: every mesh)"
+    )
     parser.add_argument("--held-out", action="store_true", help="the HELD_OUT configs, into their own file")
     parser.add_argument(
         "--reestimate", action="store_true", help="recompute the stored rows' estimates, keeping XLA's figures"
@@ -306,7 +309,7 @@ def main():
             batch_size=batch,
             sequence_length=sequence,
             **PLAN_OPTIONS,
-            verify=not args.reestimate,
+            verify=False if args.reestimate else (args.meshes.split(";") if args.meshes else True),
             verify_target=None if args.reestimate else VERIFY_TARGET,
         )
         for c in result.candidates:
@@ -340,11 +343,16 @@ def main():
     result = {"machine": machine_info(), "target": f"{devices} H100s (deviceless XLA:GPU)", "rows": rows}
     if args.reestimate:
         result["compiled_on"] = earlier.get("compiled_on", earlier["machine"])  # where XLA's figures were taken
-    if args.models and earlier:
-        run = {row["config"] for row in rows}
-        kept = [row for row in earlier["rows"] if row["config"] not in run]
+    if (args.models or args.meshes) and earlier:
+        key = (lambda row: (row["config"], row["mesh"])) if args.meshes else (lambda row: row["config"])
+        run = {key(row) for row in rows}
+        kept = [row for row in earlier["rows"] if key(row) not in run]
         for row in kept:  # the date of the run that took it; `machine` is this run's
             row.setdefault("taken", earlier["machine"]["date"])
+        before = {key(row): row for row in earlier["rows"]}
+        for row in rows:  # a row compiled again keeps what its first run recorded of the estimate before it
+            if "estimated_before_the_run" in before.get(key(row), {}):
+                row["estimated_before_the_run"] = before[key(row)]["estimated_before_the_run"]
         result["rows"] = kept + rows
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")

@@ -74,8 +74,10 @@ class Notes:
             v.source == "default" and not v.rule
         ):
             parts.append({"fallback": "fb", "layout_map": "map"}.get(v.source, v.source))
-        if v.reason and v.source not in ("default", "preset", "layout_map"):
-            parts.append("N" + str(self.reasons.setdefault(v.reason, len(self.reasons) + 1)))
+        # The legend explains these sources' own reason; a note is what the fsdp axis added after it.
+        reason = v.reason.partition("; ")[2] if v.source in ("default", "preset", "layout_map") else v.reason
+        if reason:
+            parts.append("N" + str(self.reasons.setdefault(reason, len(self.reasons) + 1)))
         return " ".join(parts)
 
     def renderable(self):

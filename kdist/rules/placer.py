@@ -19,6 +19,11 @@ from kdist.rules.rule import Rule, RuleSet
 # gathering them costs more than the memory they would save.
 FSDP_MIN_SIZE = 4096
 
+DEPTHWISE = (
+    "a depthwise convolution's kernel (h, w, channels, 1) or (h, w, 1, channels): with its channels split over "
+    "{axis}, XLA:GPU reshards the activations to that split instead of gathering the kernel; replicated over {axis}"
+)
+
 
 class Placer:
     """Lays out variables by `rules` on mesh `dims`, then shards them over an fsdp axis by shape.
@@ -116,24 +121,30 @@ class Placer:
 
     def _fsdp(self, placement):
         """`placement` also sharded over the fsdp axis: on its rule's `fsdp_dim` when free and dividing, else on
-        its largest free dimension that divides."""
+        its largest free dimension that divides; a depthwise convolution's kernel only where a rule names the
+        dimension."""
         if not self.dims.fsdp_enabled:
             return placement
         axis, size = self.dims.name_of(Role.FSDP), self.dims.size_of(Role.FSDP)
         shape, axes = placement.shape, placement.axes
         if axis in axes or math.prod(shape) < self.fsdp_min_size:
             return placement
+        preferred = self._preferred_fsdp_dim(placement)
         free = [i for i, a in enumerate(axes) if a is None and shape[i] % size == 0]
+        if preferred is None and _depthwise_kernel(placement):
+            return _with_reason(placement, DEPTHWISE.format(axis=axis))
         if not free:
-            reason = f"no unsharded dimension of {shape} divides by {axis}={size}: replicated over {axis}"
-            return dataclasses.replace(placement, reason="; ".join(r for r in (placement.reason, reason) if r))
-        dim = self._fsdp_dim(placement, free)
+            return _with_reason(
+                placement, f"no unsharded dimension of {shape} divides by {axis}={size}: replicated over {axis}"
+            )
+        dim = preferred if preferred in free else max(free, key=lambda i: shape[i])
         new_axes = tuple(axis if i == dim else a for i, a in enumerate(axes))
         source = "fsdp" if placement.source in ("default", "preset") else placement.source
         reason = placement.reason if source != "fsdp" else ""
         return dataclasses.replace(placement, axes=new_axes, source=source, reason=reason)
 
-    def _fsdp_dim(self, placement, free):
+    def _preferred_fsdp_dim(self, placement):
+        """The dimension (from 0) that `placement`'s rule, or else the fsdp hints, name for the fsdp axis; or None."""
         rank, placed_by = len(placement.shape), placement.rule if isinstance(placement.rule, Rule) else None
         preferred = placed_by.fsdp_dim if placed_by is not None else None
         if preferred is not None and not -rank <= preferred < rank:
@@ -144,6 +155,15 @@ class Placer:
         if placed_by is None and self.fsdp_hints is not None:  # a hint that does not fit the variable is no hint
             hint = self.fsdp_hints.match(placement.path)
             preferred = hint.fsdp_dim if hint is not None and -rank <= (hint.fsdp_dim or 0) < rank else None
-        if preferred is not None and preferred % rank in free:
-            return preferred % rank
-        return max(free, key=lambda i: placement.shape[i])
+        return None if preferred is None else preferred % rank
+
+
+def _with_reason(placement, reason):
+    return dataclasses.replace(placement, reason="; ".join(r for r in (placement.reason, reason) if r))
+
+
+def _depthwise_kernel(placement):
+    """Whether `placement` is a 2-D depthwise convolution's kernel: a Keras conv kernel (h, w, in, out) with one
+    channel per group in or out (DepthwiseConv2D's (h, w, channels, 1), Conv2D groups=channels' (h, w, 1, filters))."""
+    name, shape = placement.path.rsplit("/", 1)[-1], placement.shape
+    return name in ("kernel", "depthwise_kernel") and len(shape) == 4 and 1 in shape[2:]

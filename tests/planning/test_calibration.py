@@ -12,6 +12,7 @@ from kdist.planning.calibration import (
     AUTOTUNED_HIGH,
     BANDS,
     CNNS_1_RESULTS,
+    CNNS_16_RESULTS,
     CNNS_HELD_OUT_1_RESULTS,
     CNNS_HELD_OUT_RESULTS,
     CNNS_RESULTS,
@@ -85,6 +86,7 @@ def _stored_rows(fused=False):
         CNNS_HELD_OUT_RESULTS,
         CNNS_1_RESULTS,
         CNNS_HELD_OUT_1_RESULTS,
+        CNNS_16_RESULTS,
     ):
         for r in json.loads((ROOT / path).read_text())["rows"]:
             rows.append((mesh_kind(_axes(r["mesh"])), _family(r), r["xla_gpu_deviceless"] / r["estimate"]))
@@ -93,7 +95,7 @@ def _stored_rows(fused=False):
 
 def test_every_stored_row_falls_in_the_band_of_its_class():
     rows = _stored_rows()
-    assert len(rows) == 9 + 32 + 14 + 60 + 56 + 20 + 80 + 30 + 30 + 6
+    assert len(rows) == 9 + 32 + 14 + 60 + 56 + 20 + 80 + 30 + 30 + 6 + 15
     for kind, family, ratio in rows:
         band, why = band_class(_axes("data=1") if kind == "single" else {kind: 2}, family.split()[-1])
         high = max(band.high, SOFT_CAP_HIGH) if family == "capped transformer" else band.high
@@ -104,6 +106,7 @@ HELD_OUT = (
     "benchmarks/results/planner_vs_deviceless_held_out.json",
     "benchmarks/results/planner_vs_deviceless_held_out_16.json",
 )
+CNNS_HELD_OUT_16 = "benchmarks/results/planner_vs_deviceless_cnns_held_out_16.json"  # ResNet50 on 16: no band cites it
 
 
 def test_fused_attention_on_a_gpu_reaches_the_most_a_measured_fused_config_took_rounded_up():
@@ -133,11 +136,16 @@ def test_on_a_real_gpu_peaks_exceed_the_deviceless_compile_the_estimate_follows_
 
 def test_configs_no_band_cites_fall_in_the_band_of_their_class():
     """Held-out rows (`planner_vs_deviceless_sharded.py --held-out`: other families, a shorter sequence, mixed
-    precision, 16 devices): the bands were not drawn from them."""
+    precision, 16 devices; `--cnns-held-out --devices 16`: ResNet50): the bands were not drawn from them."""
     rows = [r for path in HELD_OUT for r in json.loads((ROOT / path).read_text())["rows"]]
     assert len({r["config"] for r in rows}) == 4 and len(rows) == 3 * 10 + 15
     for r in rows:
         band, why = band_class(_axes(r["mesh"]), "transformer")
+        assert not why and band.low <= r["xla_gpu_deviceless"] / r["estimate"] <= band.high, (r["config"], r["mesh"])
+    cnns = json.loads((ROOT / CNNS_HELD_OUT_16).read_text())["rows"]
+    assert len(cnns) == 15
+    for r in cnns:
+        band, why = band_class(_axes(r["mesh"]), "cnn")
         assert not why and band.low <= r["xla_gpu_deviceless"] / r["estimate"] <= band.high, (r["config"], r["mesh"])
 
 

@@ -1,11 +1,13 @@
 """verify_target="H100": XLA:GPU's figure compiled without a GPU (needs jax's CUDA PJRT plugin; skipped without it)."""
 
+import keras
 import pytest
 
 import kdist
 from kdist.errors import MissingDependencyError
 from kdist.jax_internals import cuda_plugin_installed
 from kdist.models import mnist_mlp
+from kdist.rules import KERAS_CORE, Rule, RuleSet
 
 needs_plugin = pytest.mark.skipif(not cuda_plugin_installed(), reason="jax's CUDA PJRT plugin is not installed")
 
@@ -73,3 +75,28 @@ def test_sharded_rows_fall_in_the_band_of_their_class():
         assert c.band_class == band_class
         assert c.band[0] <= c.compiled["peak"] <= c.band[1], (spec, c.peak, c.compiled["peak"])
         assert 0.9 <= c.ratio <= 1.1, (spec, c.ratio)
+
+
+def _depthwise_model():
+    """A 1 x 1 convolution to 512 channels, a 3 x 3 depthwise one (4608 elements: over FSDP_MIN_SIZE), a 1 x 1 one."""
+    x = images = keras.Input((28, 28, 16))
+    x = keras.layers.Conv2D(512, 1, name="expand")(x)
+    x = keras.layers.DepthwiseConv2D(3, padding="same", name="depthwise")(x)
+    x = keras.layers.Conv2D(64, 1, name="project")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(images, keras.layers.Dense(10, name="head")(x))
+
+
+@needs_plugin
+def test_a_depthwise_kernel_kept_whole_over_fsdp_keeps_xla_at_the_estimate():
+    """Split over fsdp on its channels (a rule naming that `fsdp_dim`), XLA:GPU reshards the activations to the
+    kernel's split instead of gathering it (benchmarks/depthwise_under_fsdp.py); whole, it runs the step the
+    estimate follows."""
+    split = RuleSet([Rule(r"depthwise/kernel", (), fsdp_dim=2), *KERAS_CORE])
+    whole, resharded = (
+        kdist.plan(_depthwise_model, 8, batch_size=64, rules=rules, verify=["data=2,fsdp=4"], verify_target="H100")
+        for rules in (None, split)
+    )
+    whole, resharded = whole.candidate("data=2,fsdp=4"), resharded.candidate("data=2,fsdp=4")
+    assert 0.95 <= whole.ratio <= 1.05, (whole.peak, whole.compiled["peak"])
+    assert resharded.compiled["peak"] > 2 * whole.compiled["peak"]  # 169 MB against 54 (docs/plan.md)

@@ -62,6 +62,14 @@ def test_text_fits_80_columns_and_is_grouped_by_layer(report):
     assert "  mlp/d1/kernel " in wide and "  seed_generator/seed_generator_state " in wide
 
 
+def test_what_the_fsdp_axis_adds_to_a_preset_replication_is_a_note():
+    # On "fsdp=8" the preset replicates by design (the legend says so); a depthwise kernel's reason is a note.
+    with keras.StatelessScope(initialize_variables=False), keras.name_scope("dw"):
+        variables = [keras.Variable(initializer="zeros", shape=(7, 7, 128, 1), name="kernel")]
+    text = report_text(kdist.inspect(variables, kdist.preset("fsdp=8")), width=80)
+    assert "preset N1" in text and "N1 a depthwise convolution's kernel" in text
+
+
 def test_long_paths_stay_whole_on_a_line_of_their_own(long_names):
     text = report_text(long_names, width=80)
     assert max(len(line) for line in text.splitlines()) <= 80

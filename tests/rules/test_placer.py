@@ -1,4 +1,5 @@
-"""The placer's fsdp axis: the largest free dimension that divides, or the dimension a rule names (`fsdp_dim`)."""
+"""The placer's fsdp axis: the largest free dimension that divides, or the dimension a rule names (`fsdp_dim`);
+none on a depthwise convolution's kernel."""
 
 import pytest
 
@@ -67,3 +68,31 @@ def test_expert_kernels_take_fsdp_on_their_hidden_size_beside_a_model_axis():
     up = placer.place("mixtral_sparse_moe_block/experts/expert_feedforward_gate_dense", (4, 64, 128))
     down = placer.place("mixtral_sparse_moe_block/experts/expert_feedforward_output_dense", (4, 128, 64))
     assert up.axes == ("model", "fsdp", None) and down.axes == ("model", None, "fsdp")
+
+
+@pytest.mark.parametrize(
+    "path, shape",
+    [
+        ("block_12_depthwise/kernel", (3, 3, 576, 1)),  # DepthwiseConv2D
+        ("stage_0_block_0_depthwise_conv/kernel", (7, 7, 1, 96)),  # Conv2D(groups=96), ConvNeXt's
+        ("sep/depthwise_kernel", (5, 5, 512, 1)),  # SeparableConv2D
+    ],
+)
+def test_a_depthwise_kernel_stays_whole_over_fsdp_and_says_why(path, shape):
+    # Split on its channels, XLA:GPU reshards the activations instead (docs/plan.md, "Depthwise kernels under fsdp").
+    placement = placer_for(None, ParallelDims.parse("data=2,fsdp=4", 8)).place(path, shape)
+    assert placement.axes == (None,) * 4
+    assert "depthwise convolution's kernel" in placement.reason and "replicated over fsdp" in placement.reason
+
+
+def test_an_ordinary_convolution_kernel_still_takes_fsdp():
+    placer = placer_for(None, ParallelDims.parse("fsdp=8", 8))
+    assert placer.place("conv/kernel", (3, 3, 64, 128)).axes == (None, None, None, "fsdp")
+    assert placer.place("einsum/kernel", (512, 1, 64)).axes == ("fsdp", None, None)  # rank 3: one key/value head
+
+
+def test_a_depthwise_kernel_keeps_its_model_split_and_a_named_fsdp_dim():
+    placer = placer_for(None, ParallelDims.parse("fsdp=2,model=4", 8))
+    assert placer.place("dw/kernel", (3, 3, 576, 1)).axes == (None, None, "model", None)
+    named = Rule(r".*kernel", (), fsdp_dim=2)  # a rule that names the dimension is obeyed
+    assert _place(named, shape=(3, 3, 576, 1), dims=ParallelDims.parse("fsdp=8", 8)).axes == (None, None, "fsdp", None)
