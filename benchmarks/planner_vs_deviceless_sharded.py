@@ -16,7 +16,9 @@ Writes benchmarks/results/planner_vs_deviceless_sharded.json.
 plans and compiles the same backbones for 64 H100s with a batch of 128
 (2 examples per device on data=64), into
 planner_vs_deviceless_sharded_64.json. With --models, the file's rows of
-the other models are kept, each with the date of the run that took it. With
+the other models are kept, each with the date of the run that took it; with
+--meshes "fsdp=8;data=2,fsdp=4" only those meshes are compiled again and their
+rows replaced. With
 --reestimate, the stored rows keep XLA's figures (they depend on the model,
 the mesh and jax, not on kdist's estimate) and get this checkout's estimate,
 without compiling.
@@ -41,7 +43,9 @@ small, ViT-Base) into planner_vs_deviceless_full_size.json.
     ... planner_vs_deviceless_sharded.py --families
 
 plans and compiles eight more keras-hub families at hidden 256 (`FAMILIES`)
-into planner_vs_deviceless_families.json.
+into planner_vs_deviceless_families.json; with --families-held-out twelve
+more, built alike after the estimate's rules were drawn (`FAMILIES_HELD_OUT`),
+into planner_vs_deviceless_families_held_out.json.
 
     ... planner_vs_deviceless_sharded.py --cnns
 
@@ -218,6 +222,16 @@ FAMILIES = [
     for batch, sequence in [(256, None) if "image_shape" in config else (32, 256)]
 ]
 
+# Held out: twelve more families, built the same way, compiled after every rule of the estimate was drawn (Gemma 3 with
+# its presets' settings: no soft caps). No band cites them. `--families-held-out` plans and compiles these into
+# planner_vs_deviceless_families_held_out.json.
+NO_SOFT_CAPS = {"attention_logit_soft_cap": None, "final_logit_soft_cap": None}
+FAMILIES_HELD_OUT = [
+    (f"{name} h256 2 layers b32 s256", BACKBONES[name], config, 32, 256)
+    for name in "gemma3 qwen3 llama3 smollm3 electra albert xlm_roberta deberta_v3 t5 bart esm f_net".split()
+    for config in [{k: WIDER.get(k, v) for k, v in TINY[name].items()} | (NO_SOFT_CAPS if name == "gemma3" else {})]
+]
+
 
 def _applications(*names):
     """Keras Applications `names` untrained, at 224 x 224 and batch 256, as config entries."""
@@ -249,7 +263,7 @@ def compiled_rows(result, **fields):
 def config_named(model):
     """The first entry of the config lists above (CONFIGS ... CNNS_HELD_OUT) whose label begins with `model`'s words."""
     words = model.split()
-    every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + CNNS + CNNS_HELD_OUT
+    every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + CNNS + CNNS_HELD_OUT
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -268,6 +282,9 @@ def main():
     parser.add_argument("--moe", action="store_true", help="the tiny mixture-of-experts configs (MOE) instead")
     parser.add_argument("--full-size", action="store_true", help="issue 21's whole configs (FULL_SIZE) instead")
     parser.add_argument("--families", action="store_true", help="other keras-hub families (FAMILIES) instead")
+    parser.add_argument(
+        "--families-held-out", action="store_true", help="twelve more families (FAMILIES_HELD_OUT) instead"
+    )
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
     args = parser.parse_args()
@@ -278,6 +295,8 @@ def main():
         configs, name = FULL_SIZE, "full_size"
     elif args.families:
         configs, name = FAMILIES, "families"
+    elif args.families_held_out:
+        configs, name = FAMILIES_HELD_OUT, "families_held_out"
     elif args.cnns:
         configs, name = CNNS, "cnns"
     elif args.cnns_held_out:

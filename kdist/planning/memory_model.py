@@ -234,6 +234,8 @@ def buffer_factors(facts, rows, axes, local_batch):
     - a buffer with a batch dimension: x local batch / TRACE_BATCH;
     - a buffer the model (expert) axis splits, followed from the weights'
       layouts through the step (`kdist.planning.propagation`): / its size;
+    - a whole copy XLA's partitioner makes (an FFT's, `Step.unpartitioned`):
+      the global batch on a mesh of several devices, 0 on one;
     - with `dtype=`: float buffers in that dtype.
     """
     static = _static(facts)
@@ -248,6 +250,8 @@ def buffer_factors(facts, rows, axes, local_batch):
     out = np.where(static["weighty"], shard[rep], out)
     out = np.where(static["gathered"], gathered[rep], out)
     out = np.where(static["overlapped"] == (not collectives_overlap(facts.traced.step, axes)), 0.0, out)
+    whole = np.where(static["batch"], local_batch * axes.get("data", 1) * axes.get("fsdp", 1) / TRACE_BATCH, 1.0)
+    out = np.where(static["unpartitioned"], whole if math.prod(axes.values()) > 1 else 0.0, out)
     if facts.dtype is not None:
         out = out * np.where(static["floating"], itemsize(facts.dtype) / static["itemsize"], 1.0)
     return out
@@ -308,6 +312,7 @@ def _static(facts):
         "rep_of": rep_of,
         # 1 / 0: a buffer only on meshes whose collectives overlap / only on the others; -1: both (`Step.overlapped`)
         "overlapped": np.array([int(step.overlapped[g]) if g in step.overlapped else -1 for g in range(n)]),
+        "unpartitioned": np.isin(np.arange(n), list(step.unpartitioned)),
         "splits": {},  # weights' model/expert splits (and axis sizes) -> `propagation.split_axes` (`factors`)
     }
     return facts._buffer_static

@@ -9,7 +9,9 @@ carries each split dimension through the operations that read it.
   a matrix product keeps the splits of its free and batch dimensions and
   drops those it contracts (a partial sum, then an all-reduce or a
   reduce-scatter), a reduction drops the split of a reduced dimension, a
-  reshape, transpose, broadcast or table lookup moves it. Where two operands
+  reshape, transpose, broadcast or table lookup moves it, an FFT keeps it
+  (XLA transforms a gathered copy and slices its part back:
+  `Step.unpartitioned`). Where two operands
   of a matrix product bring one axis on different dimensions the weight's
   (the right operand's) wins;
 - back from readers: a value an elementwise operation combines with a split
@@ -49,7 +51,7 @@ _SAME_POSITIONS = frozenset(
     ceil round is_finite nextafter clamp shift_left shift_right_logical shift_right_arithmetic bitcast_convert_type
     copy copy_p atan2 rem stop_gradient reduce_precision pad slice dynamic_slice dynamic_update_slice rev mul_add
     logaddexp split cumsum cumlogsumexp cummax cummin cumprod optimization_barrier select_and_gather_add tile sort
-    select_and_scatter_add
+    select_and_scatter_add real imag complex conj fft
     scatter scatter-add scatter_add scatter-sub scatter_sub scatter-mul scatter_mul scatter-min scatter_min
     scatter-max scatter_max""".split()
 )

@@ -42,6 +42,7 @@ class Step:
         self.derived = {}  # buffer -> the buffer whose model-axis split it takes (`_max_pool_gradient`)
         self.overlapped = {}  # buffer -> whether it exists only where collectives overlap (else only without)
         self.relu_outputs = set()  # layer outputs made by a max with a constant: a ReLU's (`_max_pool_gradient`)
+        self.unpartitioned = set()  # whole copies XLA makes on a mesh of several devices (`_fft_copies`)
         self._life = self._gradient_kernels = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
         # shapes of the operation it runs (and its kind, for `gradient_kernels`); per variable: the events using
@@ -171,6 +172,9 @@ class Step:
                         )
                     if made or p.kinds[i] == "kernel":
                         read = tuple({r for x in used for r in self._expand(mapping[x], memo)}) + pooled
+                        if p.flat.eqns[i][0] == "fft":
+                            whole = self._fft_copies((*made, *read), "gathered")
+                            made, read = [*made, *whole], (*read, *whole)
                         writable = {r for x in inplace for r in self._expand(mapping[x], memo)} | set(zeros)
                         self.events.append((made, read, tuple(r for r in read if r in writable)))
                         _, ins, outs = p.flat.eqns[i]
@@ -221,6 +225,18 @@ class Step:
             for g in (late, early, *zeros):  # split over the model axis as the gradient is: same rank and positions
                 self.derived[g] = gradient
         return [*made, late], (early, *zeros), tuple(zeros[:1])
+
+    def _fft_copies(self, buffers, term):
+        """An FFT's whole copies of its operand and output, `buffers`: alive while it runs, on several devices.
+
+        XLA's SPMD partitioner has no rule for an FFT over a split batch (or
+        split features): it gathers the operand to every device, transforms
+        all of it and slices its own part of the output back (FNet on fsdp=8:
+        two c64[32,256,256] values at XLA's peak, the whole batch of 32).
+        """
+        copies = [self.new(self.size[g], self.shape[g], term, self.dtype[g]) for g in buffers if self.size[g]]
+        self.unpartitioned.update(copies)
+        return copies
 
     def _extend_span(self, t, key):
         """Event `t` of a backward: it extends the sublayer's span that ended at t - 1, or starts a new one."""

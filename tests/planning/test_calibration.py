@@ -107,6 +107,7 @@ HELD_OUT = (
     "benchmarks/results/planner_vs_deviceless_held_out_16.json",
 )
 CNNS_HELD_OUT_16 = "benchmarks/results/planner_vs_deviceless_cnns_held_out_16.json"  # ResNet50 on 16: no band cites it
+FAMILIES_HELD_OUT = "benchmarks/results/planner_vs_deviceless_families_held_out.json"  # twelve families, held out
 
 
 def test_fused_attention_on_a_gpu_reaches_the_most_a_measured_fused_config_took_rounded_up():
@@ -147,6 +148,17 @@ def test_configs_no_band_cites_fall_in_the_band_of_their_class():
     for r in cnns:
         band, why = band_class(_axes(r["mesh"]), "cnn")
         assert not why and band.low <= r["xla_gpu_deviceless"] / r["estimate"] <= band.high, (r["config"], r["mesh"])
+
+
+def test_twelve_held_out_families_never_exceed_the_top_of_their_band():
+    """`--families-held-out`: compiled after every rule of the estimate was drawn, no band cites them. XLA's figure
+    never exceeds the top of the row's band, the unsafe side: the rows more than 5% under are inside their bands,
+    the rows outside are over (docs/plan.md, "Twelve more families, held out")."""
+    rows = json.loads((ROOT / FAMILIES_HELD_OUT).read_text())["rows"]
+    assert len({r["config"] for r in rows}) == 12 and len(rows) == 120
+    for r in rows:
+        band, why = band_class(_axes(r["mesh"]), "transformer")
+        assert not why and r["xla_gpu_deviceless"] / r["estimate"] <= band.high, (r["config"], r["mesh"])
 
 
 @pytest.mark.parametrize(

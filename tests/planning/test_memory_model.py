@@ -1,4 +1,5 @@
-"""How the memory model scales: batch, sequence, precision, remat, attention, fsdp, max pools; targets and margins."""
+"""How the memory model scales: batch, sequence, precision, remat, attention, fsdp, max pools, FFTs; targets and
+margins."""
 
 import math
 
@@ -294,3 +295,43 @@ def test_a_max_pools_gradient_holds_indices_and_zeros_as_xla_gpu_schedules_them(
         assert zeros[0] in early
     else:  # the ReLU's: made in its forward, on every mesh
         assert all(born[g] < step.bwd_start and one[g] > 0 and two[g] > 0 for g in zeros)
+
+
+class _FourierMixing(keras.layers.Layer):
+    """FNet's token mixing: the real part of a 2-D FFT over the sequence and the features."""
+
+    def call(self, x):
+        return keras.ops.fft2((x, keras.ops.zeros_like(x)))[0]
+
+
+def _fourier():
+    tokens = keras.Input((16, 32))
+    x = keras.layers.Dense(32)(_FourierMixing()(keras.layers.Dense(32)(tokens)))
+    return keras.Model(tokens, keras.layers.Dense(10)(x))
+
+
+def test_an_fft_holds_whole_copies_of_its_operand_and_output_on_several_devices(monkeypatch):
+    """XLA's SPMD partitioner has no rule for an FFT over a split batch: it gathers the operand to every device and
+    transforms all of it (FNet on fsdp=8, docs/plan.md). Each FFT makes a whole copy of its operand and of its output,
+    alive while it runs: the global batch on any mesh of several devices, nothing on one."""
+    seen = []  # (facts, axes, factors) per candidate
+    original = memory_model.buffer_factors
+    monkeypatch.setattr(
+        memory_model, "buffer_factors", lambda *a: seen.append((a[0], a[2], original(*a))) or seen[-1][2]
+    )
+    model = kdist.abstract_model(_fourier)
+    kdist.plan(model, 1, batch_size=64)
+    kdist.plan(model, 8, batch_size=64)
+    facts, _, one = seen[0]
+    step = facts.traced.step
+    copies = sorted(step.unpartitioned)
+    assert len(copies) == 4  # the forward FFT's and its transpose's, operand and output each
+    assert all(step.dtype[g] == "complex64" and step.size[g] == TRACE_BATCH * 16 * 32 * 8 for g in copies)
+    born, last = step.lifetimes()[:2]
+    assert all(born[g] == last[g] for g in copies)  # made and read by the FFT's own kernel
+    assert all(one[g] == 0 for g in copies)
+    for axes in ({"data": 8}, {"fsdp": 8}, {"data": 2, "model": 4}):
+        factors = next(f for _, a, f in seen if a == axes)
+        assert all(factors[g] == pytest.approx(64 / TRACE_BATCH) for g in copies), axes  # the whole batch of 64
+        local = next(g for g in range(len(step.size)) if step.dtype[g] == "complex64" and g not in copies)
+        assert factors[local] < factors[copies[0]]  # the FFT's own output: the device's shard of the batch
