@@ -45,7 +45,9 @@ small, ViT-Base) into planner_vs_deviceless_full_size.json.
 plans and compiles eight more keras-hub families at hidden 256 (`FAMILIES`)
 into planner_vs_deviceless_families.json; with --families-held-out twelve
 more, built alike after the estimate's rules were drawn (`FAMILIES_HELD_OUT`),
-into planner_vs_deviceless_families_held_out.json.
+into planner_vs_deviceless_families_held_out.json; with --long-spans Qwen3.5,
+whose gated delta net runs about 500 kernels in one sublayer's backward,
+into planner_vs_deviceless_long_spans.json.
 
     ... planner_vs_deviceless_sharded.py --cnns
 
@@ -232,6 +234,19 @@ FAMILIES_HELD_OUT = [
     for config in [{k: WIDER.get(k, v) for k, v in TINY[name].items()} | (NO_SOFT_CAPS if name == "gemma3" else {})]
 ]
 
+# A sublayer whose backward runs far more kernels than any above: Qwen3.5's gated delta net (a 63-step correction loop
+# per chunk, about 500 kernels in its backward against at most 33 in the configs the bands are drawn from).
+# `--long-spans` plans and compiles it into planner_vs_deviceless_long_spans.json (`calibration.LONG_SPAN_LOW`).
+LONG_SPANS = [
+    (
+        "qwen3_5 h256 2 layers b32 s256",
+        BACKBONES["qwen3_5"],
+        {k: WIDER.get(k, v) for k, v in TINY["qwen3_5"].items()},
+        32,
+        256,
+    )
+]
+
 
 def _applications(*names):
     """Keras Applications `names` untrained, at 224 x 224 and batch 256, as config entries."""
@@ -263,7 +278,7 @@ def compiled_rows(result, **fields):
 def config_named(model):
     """The first entry of the config lists above (CONFIGS ... CNNS_HELD_OUT) whose label begins with `model`'s words."""
     words = model.split()
-    every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + CNNS + CNNS_HELD_OUT
+    every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + CNNS + CNNS_HELD_OUT
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -286,6 +301,7 @@ def main():
         "--families-held-out", action="store_true", help="twelve more families (FAMILIES_HELD_OUT) instead"
     )
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
+    parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
     parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
     args = parser.parse_args()
     devices = args.devices
@@ -299,6 +315,8 @@ def main():
         configs, name = FAMILIES_HELD_OUT, "families_held_out"
     elif args.cnns:
         configs, name = CNNS, "cnns"
+    elif args.long_spans:
+        configs, name = LONG_SPANS, "long_spans"
     elif args.cnns_held_out:
         configs, name = CNNS_HELD_OUT, "cnns_held_out"
     elif args.held_out:

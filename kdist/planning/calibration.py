@@ -155,6 +155,15 @@ MOE_HIGH = 1.15
 # excess out.
 SOFT_CAP_HIGH = 1.37
 
+# A sublayer whose backward runs more kernels than LONG_SPAN_KERNELS, the most of any sublayer of the configs the
+# bands are drawn from (Qwen3-MoE's attention): on a mesh of several devices the estimate keeps every buffer the run
+# reads to its end (`memory_model.scheduler_lasts`, the latency-hiding scheduler's worst order), which XLA:GPU does not
+# do over so long a run. XLA's figure / the estimate was at least LONG_SPAN_LOW on LONG_SPAN_RESULTS (Qwen3.5's gated
+# delta net: about 500 kernels; rounded down); the band of such a candidate reaches down to it.
+LONG_SPAN_RESULTS = "benchmarks/results/planner_vs_deviceless_long_spans.json"
+LONG_SPAN_KERNELS = 33
+LONG_SPAN_LOW = 0.39
+
 # Measured / estimated step time on one H100 under XLA's default flags, for the models of MEASURED_RESULTS whose
 # estimated step is at least SHORT_STEP seconds (the smallest and largest, rounded outward). The estimate is a
 # roofline: a lower bound. Shorter steps are dominated by costs it does not count (kernel launches, the call).

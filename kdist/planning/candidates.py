@@ -4,9 +4,17 @@ import math
 
 from kdist.meshes.enumerate import spec_of
 from kdist.meshes.spec import ParallelDims
-from kdist.planning.calibration import FUSED_GPU_HIGH, MOE_FSDP_HIGH, MOE_HIGH, SOFT_CAP_HIGH, band_class
+from kdist.planning.calibration import (
+    FUSED_GPU_HIGH,
+    LONG_SPAN_KERNELS,
+    LONG_SPAN_LOW,
+    MOE_FSDP_HIGH,
+    MOE_HIGH,
+    SOFT_CAP_HIGH,
+    band_class,
+)
 from kdist.planning.comm import communication, validity
-from kdist.planning.memory_model import buffer_factors, memory_terms, placed_variables
+from kdist.planning.memory_model import buffer_factors, collectives_overlap, memory_terms, placed_variables
 from kdist.planning.plan import Candidate
 from kdist.planning.timing import step_time
 from kdist.units import itemsize
@@ -60,6 +68,15 @@ def band(facts, axes, peak):
             "a logit soft cap on the attention scores: XLA:GPU keeps values of the capped scores that the estimate "
             f"fuses away (kdist's Gemma 2 at hidden 256 on 8 H100s came to up to {SOFT_CAP_HIGH:.2f}x the estimate), "
             "so the band reaches that"
+        )
+    longest = facts.traced.step.longest_sublayer_backward()
+    if longest > LONG_SPAN_KERNELS and collectives_overlap(facts.traced.step, axes) and LONG_SPAN_LOW < low:
+        low = LONG_SPAN_LOW
+        reasons.append(
+            f"a sublayer whose backward runs {longest} kernels (at most {LONG_SPAN_KERNELS} in the configs the bands "
+            "come from): the estimate keeps what it reads to its end, the scheduler's worst order, which XLA does not "
+            f"take over so long a run (Qwen3.5's gated delta net on 8 H100s: down to {LONG_SPAN_LOW:.2f} of the "
+            "estimate), so the band reaches that"
         )
     on_fsdp = axes.get("fsdp", 1) > 1
     moe_high = MOE_FSDP_HIGH if on_fsdp else MOE_HIGH

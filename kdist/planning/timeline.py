@@ -238,6 +238,10 @@ class Step:
         self.unpartitioned.update(copies)
         return copies
 
+    def longest_sublayer_backward(self):
+        """The most kernels any sublayer's backward run has (`sublayer_spans`); 0 untraced."""
+        return max((end - first + 1 for first, end, _ in self.sublayer_spans), default=0)
+
     def _extend_span(self, t, key):
         """Event `t` of a backward: it extends the sublayer's span that ended at t - 1, or starts a new one."""
         if self.sublayer_spans and self.sublayer_spans[-1][2] == key and self.sublayer_spans[-1][1] == t - 1:

@@ -1,6 +1,7 @@
 """The plan's band: the spread of truth / estimate on configs like each mesh, from the stored benchmark results."""
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 
 import kdist
 from kdist.models import mnist_mlp, tiny_transformer
+from kdist.planning import memory_model
 from kdist.planning.calibration import (
     AUTOTUNED_HIGH,
     BANDS,
@@ -23,6 +25,9 @@ from kdist.planning.calibration import (
     GPU_RESULTS,
     LHS_HIGH,
     LHS_RESULTS,
+    LONG_SPAN_KERNELS,
+    LONG_SPAN_LOW,
+    LONG_SPAN_RESULTS,
     MEASURED_RESULTS,
     MEASURED_SHORT_STEP,
     MEASURED_STEP,
@@ -325,3 +330,51 @@ def test_unsure_estimates_get_a_wider_band_and_say_why():
     variables = kdist.plan(model.weights, 1, batch_size=16).candidates[0]
     assert variables.band is None and "activations not estimated" in variables.band_why
     assert kdist.plan(model, 1, batch_size=16, target="cpu").candidates[0].band is None
+
+
+# The keras-hub families of the stored rows the bands are drawn from (kdist's tiny configs: a sublayer's kernels do
+# not depend on its widths).
+BAND_FAMILIES = (
+    "llama gpt2 bert gemma bloom vit falcon gpt_neox phi3 roberta distil_bert gemma2 deit dinov2 mixtral qwen3_moe "
+    "gpt_oss"
+).split()
+
+
+def _step(name, devices=8, monkeypatch=None):
+    """The traced step of kdist's tiny `name` and the plan (8 devices, batch 16, 16 tokens)."""
+    from kdist import zoo
+
+    seen = []
+    original = memory_model.buffer_factors
+    monkeypatch.setattr(memory_model, "buffer_factors", lambda *a: seen.append(a[0]) or original(*a))
+    image = "image_shape" in zoo.TINY[name]
+    result = kdist.plan(
+        lambda: zoo.hub_backbone(zoo.BACKBONES[name], **dict(zoo.TINY[name])),
+        devices,
+        batch_size=16,
+        sequence_length=None if image else 16,
+        target="H100",
+    )
+    return seen[0].traced.step, result
+
+
+def test_long_span_kernels_is_the_longest_sublayer_backward_of_the_families_the_bands_come_from(monkeypatch):
+    pytest.importorskip("keras_hub")
+    longest = {name: _step(name, monkeypatch=monkeypatch)[0].longest_sublayer_backward() for name in BAND_FAMILIES}
+    assert max(longest.values()) == LONG_SPAN_KERNELS, longest
+    assert _step("qwen3_5", monkeypatch=monkeypatch)[0].longest_sublayer_backward() > 10 * LONG_SPAN_KERNELS
+
+
+def test_a_longer_sublayer_backward_gets_a_band_down_to_what_xla_took_on_several_devices(monkeypatch):
+    """Qwen3.5's gated delta net on 8 deviceless H100s (`--long-spans`): XLA's figure fell to LONG_SPAN_LOW of the
+    estimate, rounded down; a plan with so long a sublayer backward says so on meshes of several devices."""
+    rows = json.loads((ROOT / LONG_SPAN_RESULTS).read_text())["rows"]
+    assert len(rows) == 10
+    assert LONG_SPAN_LOW == pytest.approx(int(min(r["xla_gpu_deviceless"] / r["estimate"] for r in rows) * 100) / 100)
+    pytest.importorskip("keras_hub")
+    for devices in (8, 1):
+        _, result = _step("qwen3_5", devices, monkeypatch)
+        for c in result.candidates:
+            several = math.prod(c.axes.values()) > 1
+            assert (c.band[0] == int(c.peak * LONG_SPAN_LOW)) == several, c.spec
+            assert ("the scheduler's worst order" in c.band_why) == several, c.spec
