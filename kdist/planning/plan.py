@@ -19,9 +19,10 @@ class Candidate:
     + activations + transient + other, at the step's memory peak (`phase`):
     `activations` are the forward's buffers kept for the backward pass,
     `transient` the gradients made so far (`live_gradients`), the loss's
-    buffers (`loss`), backward temporaries (`backward`) and FSDP's gathered
-    weights (`gathered`); `other` the batch shard. `gradients` is the whole
-    gradient state (the inspector's bytes), of which only `live_gradients`
+    buffers (`loss`), backward temporaries (`backward`) and all-gathered
+    copies (`gathered`: FSDP's weights, an FFT's operand and output);
+    `other` the batch shard. `gradients` is the whole gradient state (the
+    inspector's bytes), of which only `live_gradients`
     exist at the peak. `band` is (low, high) bytes: the peak times the spread
     of truth / estimate on configs like this one (`band_class`, e.g.
     "fsdp transformers": `kdist.planning.calibration.BANDS`), widened where

@@ -48,7 +48,7 @@ def memory_line(c):
             ("gradients so far", c.live_gradients),
             ("loss", c.loss),
             ("backward", c.backward),
-            ("gathered weights", c.gathered),
+            ("gathered copies", c.gathered),
         )
         if v
     )

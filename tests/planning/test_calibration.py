@@ -340,8 +340,8 @@ BAND_FAMILIES = (
 ).split()
 
 
-def _step(name, devices=8, monkeypatch=None):
-    """The traced step of kdist's tiny `name` and the plan (8 devices, batch 16, 16 tokens)."""
+def _step(monkeypatch, name, devices=8):
+    """The traced step of kdist's tiny `name` and its plan on `devices` (batch 16, 16 tokens)."""
     from kdist import zoo
 
     seen = []
@@ -360,9 +360,9 @@ def _step(name, devices=8, monkeypatch=None):
 
 def test_long_span_kernels_is_the_longest_sublayer_backward_of_the_families_the_bands_come_from(monkeypatch):
     pytest.importorskip("keras_hub")
-    longest = {name: _step(name, monkeypatch=monkeypatch)[0].longest_sublayer_backward() for name in BAND_FAMILIES}
+    longest = {name: _step(monkeypatch, name)[0].longest_sublayer_backward() for name in BAND_FAMILIES}
     assert max(longest.values()) == LONG_SPAN_KERNELS, longest
-    assert _step("qwen3_5", monkeypatch=monkeypatch)[0].longest_sublayer_backward() > 10 * LONG_SPAN_KERNELS
+    assert _step(monkeypatch, "qwen3_5")[0].longest_sublayer_backward() > 10 * LONG_SPAN_KERNELS
 
 
 def test_a_longer_sublayer_backward_gets_a_band_down_to_what_xla_took_on_several_devices(monkeypatch):
@@ -373,7 +373,7 @@ def test_a_longer_sublayer_backward_gets_a_band_down_to_what_xla_took_on_several
     assert LONG_SPAN_LOW == pytest.approx(int(min(r["xla_gpu_deviceless"] / r["estimate"] for r in rows) * 100) / 100)
     pytest.importorskip("keras_hub")
     for devices in (8, 1):
-        _, result = _step("qwen3_5", devices, monkeypatch)
+        _, result = _step(monkeypatch, "qwen3_5", devices)
         for c in result.candidates:
             several = math.prod(c.axes.values()) > 1
             assert (c.band[0] == int(c.peak * LONG_SPAN_LOW)) == several, c.spec
