@@ -217,35 +217,35 @@ FULL_SIZE = [
 WIDER = dict(
     vocabulary_size=4096, hidden_dim=256, intermediate_dim=1024, mlp_dim=1024, num_layers=2, max_sequence_length=256
 )
-FAMILIES = [
-    (f"{name} h256 2 layers b{batch}" + (f" s{sequence}" if sequence else ""), BACKBONES[name], config, batch, sequence)
-    for name in ("falcon", "gpt_neox", "phi3", "roberta", "distil_bert", "gemma2", "deit", "dinov2")
-    for config in [{k: WIDER.get(k, v) for k, v in TINY[name].items()}]
-    for batch, sequence in [(256, None) if "image_shape" in config else (32, 256)]
-]
+
+
+def _widened(names, overrides=None):
+    """kdist's tiny configs of keras-hub families `names` widened to WIDER (and `overrides`: name -> settings), at
+    batch 32 x 256 tokens or 256 images, as config entries."""
+    entries = []
+    for name in names:
+        config = {k: WIDER.get(k, v) for k, v in TINY[name].items()} | (overrides or {}).get(name, {})
+        batch, sequence = (256, None) if "image_shape" in config else (32, 256)
+        label = f"{name} h256 2 layers b{batch}" + (f" s{sequence}" if sequence else "")
+        entries.append((label, BACKBONES[name], config, batch, sequence))
+    return entries
+
+
+FAMILIES = _widened(("falcon", "gpt_neox", "phi3", "roberta", "distil_bert", "gemma2", "deit", "dinov2"))
 
 # Held out: twelve more families, built the same way, compiled after every rule of the estimate was drawn (Gemma 3 with
 # its presets' settings: no soft caps). No band cites them. `--families-held-out` plans and compiles these into
 # planner_vs_deviceless_families_held_out.json.
 NO_SOFT_CAPS = {"attention_logit_soft_cap": None, "final_logit_soft_cap": None}
-FAMILIES_HELD_OUT = [
-    (f"{name} h256 2 layers b32 s256", BACKBONES[name], config, 32, 256)
-    for name in "gemma3 qwen3 llama3 smollm3 electra albert xlm_roberta deberta_v3 t5 bart esm f_net".split()
-    for config in [{k: WIDER.get(k, v) for k, v in TINY[name].items()} | (NO_SOFT_CAPS if name == "gemma3" else {})]
-]
+FAMILIES_HELD_OUT = _widened(
+    "gemma3 qwen3 llama3 smollm3 electra albert xlm_roberta deberta_v3 t5 bart esm f_net".split(),
+    {"gemma3": NO_SOFT_CAPS},
+)
 
 # A sublayer whose backward runs far more kernels than any above: Qwen3.5's gated delta net (a 63-step correction loop
 # per chunk, about 500 kernels in its backward against at most 33 in the configs the bands are drawn from).
 # `--long-spans` plans and compiles it into planner_vs_deviceless_long_spans.json (`calibration.LONG_SPAN_LOW`).
-LONG_SPANS = [
-    (
-        "qwen3_5 h256 2 layers b32 s256",
-        BACKBONES["qwen3_5"],
-        {k: WIDER.get(k, v) for k, v in TINY["qwen3_5"].items()},
-        32,
-        256,
-    )
-]
+LONG_SPANS = _widened(["qwen3_5"])
 
 
 def _applications(*names):

@@ -173,7 +173,7 @@ class Step:
                     if made or p.kinds[i] == "kernel":
                         read = tuple({r for x in used for r in self._expand(mapping[x], memo)}) + pooled
                         if p.flat.eqns[i][0] == "fft":
-                            whole = self._fft_copies((*made, *read), "gathered")
+                            whole = self._fft_copies((*made, *read))
                             made, read = [*made, *whole], (*read, *whole)
                         writable = {r for x in inplace for r in self._expand(mapping[x], memo)} | set(zeros)
                         self.events.append((made, read, tuple(r for r in read if r in writable)))
@@ -226,15 +226,16 @@ class Step:
                 self.derived[g] = gradient
         return [*made, late], (early, *zeros), tuple(zeros[:1])
 
-    def _fft_copies(self, buffers, term):
-        """An FFT's whole copies of its operand and output, `buffers`: alive while it runs, on several devices.
+    def _fft_copies(self, buffers):
+        """An FFT's whole copies of its operand and output, `buffers`: gathered copies alive while it runs, on
+        several devices.
 
         XLA's SPMD partitioner has no rule for an FFT over a split batch (or
         split features): it gathers the operand to every device, transforms
         all of it and slices its own part of the output back (FNet on fsdp=8:
         two c64[32,256,256] values at XLA's peak, the whole batch of 32).
         """
-        copies = [self.new(self.size[g], self.shape[g], term, self.dtype[g]) for g in buffers if self.size[g]]
+        copies = [self.new(self.size[g], self.shape[g], "gathered", self.dtype[g]) for g in buffers if self.size[g]]
         self.unpartitioned.update(copies)
         return copies
 
