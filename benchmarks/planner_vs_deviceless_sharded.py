@@ -47,7 +47,9 @@ into planner_vs_deviceless_families.json; with --families-held-out twelve
 more, built alike after the estimate's rules were drawn (`FAMILIES_HELD_OUT`),
 into planner_vs_deviceless_families_held_out.json; with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
-into planner_vs_deviceless_long_spans.json.
+into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
+them in mixed_bfloat16 (`MIXED_PRECISION`), into
+planner_vs_deviceless_mixed_precision.json.
 
     ... planner_vs_deviceless_sharded.py --cnns
 
@@ -219,14 +221,15 @@ WIDER = dict(
 )
 
 
-def _widened(names, overrides=None):
-    """kdist's tiny configs of keras-hub families `names` widened to WIDER (and `overrides`: name -> settings), at
-    batch 32 x 256 tokens or 256 images, as config entries."""
+def _widened(names, overrides=None, dtype=None):
+    """kdist's tiny configs of keras-hub families `names` widened to WIDER (and `overrides`: name -> settings; `dtype`:
+    a dtype policy, named in the label), at batch 32 x 256 tokens or 256 images, as config entries."""
     entries = []
     for name in names:
         config = {k: WIDER.get(k, v) for k, v in TINY[name].items()} | (overrides or {}).get(name, {})
+        config |= {"dtype": dtype} if dtype else {}
         batch, sequence = (256, None) if "image_shape" in config else (32, 256)
-        label = f"{name} h256 2 layers b{batch}" + (f" s{sequence}" if sequence else "")
+        label = f"{name}{f' {dtype}' if dtype else ''} h256 2 layers b{batch}" + (f" s{sequence}" if sequence else "")
         entries.append((label, BACKBONES[name], config, batch, sequence))
     return entries
 
@@ -246,6 +249,13 @@ FAMILIES_HELD_OUT = _widened(
 # per chunk, about 500 kernels in its backward against at most 33 in the configs the bands are drawn from).
 # `--long-spans` plans and compiles it into planner_vs_deviceless_long_spans.json (`calibration.LONG_SPAN_LOW`).
 LONG_SPANS = _widened(["qwen3_5"])
+
+# Mixed precision: eight of the families above in mixed_bfloat16 (float32 weights, bfloat16 compute).
+# `--mixed-precision` plans and compiles these into planner_vs_deviceless_mixed_precision.json
+# (`calibration.MIXED_PRECISION_HIGH`).
+MIXED_PRECISION = _widened(
+    "falcon gpt_neox phi3 roberta qwen3 gemma3 t5 bart".split(), {"gemma3": NO_SOFT_CAPS}, dtype="mixed_bfloat16"
+)
 
 
 def _applications(*names):
@@ -278,7 +288,8 @@ def compiled_rows(result, **fields):
 def config_named(model):
     """The first entry of the config lists above (CONFIGS ... CNNS_HELD_OUT) whose label begins with `model`'s words."""
     words = model.split()
-    every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + CNNS + CNNS_HELD_OUT
+    every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
+    every += CNNS + CNNS_HELD_OUT
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -303,6 +314,9 @@ def main():
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
     parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
+    parser.add_argument(
+        "--mixed-precision", action="store_true", help="eight families in mixed_bfloat16 (MIXED_PRECISION) instead"
+    )
     args = parser.parse_args()
     devices = args.devices
     if args.moe:
@@ -319,6 +333,8 @@ def main():
         configs, name = LONG_SPANS, "long_spans"
     elif args.cnns_held_out:
         configs, name = CNNS_HELD_OUT, "cnns_held_out"
+    elif args.mixed_precision:
+        configs, name = MIXED_PRECISION, "mixed_precision"
     elif args.held_out:
         configs, name = (HELD_OUT[:-1] if devices == DEVICES else HELD_OUT[-1:]), "held_out"
     else:

@@ -29,6 +29,11 @@ EXPENSIVE = frozenset(
     "threefry2x32".split()
 )
 CHEAP_IN_F32 = frozenset("exp exp2 div sqrt rsqrt".split())  # cheap on GPU in f32/f16 (`GpuInstructionFusion`)
+# Error functions whose 16-bit operand XLA:GPU writes out when other kernels read it too: an exact GELU in bfloat16
+# (`jax.nn.gelu`: erfc(-x / sqrt 2), whose derivative reads that operand again) keeps -x / sqrt 2 as a third output of
+# the fusion that computes the GELU, beside x and the erfc; in float32 it recomputes it from x (docs/plan.md).
+ERROR_FUNCTIONS = frozenset("erf erfc".split())
+HALF_FLOATS = frozenset("bfloat16 float16".split())
 # Reductions: their elementwise inputs fuse into them (input fusion); their output is a buffer.
 REDUCTIONS = frozenset(
     """reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin reduce_window_sum
@@ -240,6 +245,9 @@ def _status(x, p, f, producer, kinds, readers_of, external, always, conditional,
         return "mat"  # a GEMM / conv operand: cuBLAS and cuDNN read materialized operands
     if not rules.cheap(prim, f.dtype[x]) and len(set(readers)) > 1:
         return "mat"
+    if rules.platform == "gpu" and f.dtype[x] in HALF_FLOATS and len(set(readers)) > 1:
+        if any(f.eqns[r][0] in ERROR_FUNCTIONS for r in readers):
+            return "mat"  # a 16-bit error function's operand that other kernels read too
     views = _views(x, consumers, f, kinds)
     if x in conditional or any(y in conditional for y in views):
         return "cond"

@@ -8,6 +8,7 @@ from kdist.planning.calibration import (
     FUSED_GPU_HIGH,
     LONG_SPAN_KERNELS,
     LONG_SPAN_LOW,
+    MIXED_PRECISION_HIGH,
     MOE_FSDP_HIGH,
     MOE_HIGH,
     SOFT_CAP_HIGH,
@@ -68,6 +69,13 @@ def band(facts, axes, peak):
             "a logit soft cap on the attention scores: XLA:GPU keeps values of the capped scores that the estimate "
             f"fuses away (kdist's Gemma 2 at hidden 256 on 8 H100s came to up to {SOFT_CAP_HIGH:.2f}x the estimate), "
             "so the band reaches that"
+        )
+    if facts.act_itemsize == 2 and MIXED_PRECISION_HIGH > high:
+        high = MIXED_PRECISION_HIGH
+        reasons.append(
+            "16-bit compute: XLA:GPU keeps float32 values and fixed buffers beside the half-size activations that the "
+            f"estimate does not all count (eight keras-hub families in mixed_bfloat16 on 8 H100s came to up to "
+            f"{MIXED_PRECISION_HIGH:.2f}x the estimate), so the band reaches that"
         )
     longest = facts.traced.step.longest_sublayer_backward()
     if longest > LONG_SPAN_KERNELS and collectives_overlap(facts.traced.step, axes) and LONG_SPAN_LOW < low:

@@ -43,3 +43,25 @@ def test_an_elementwise_backward_writes_over_the_gradient_it_reads_last():
     g = _score_gradient(p)
     assert g in read
     assert g in writable
+
+
+def _erfc_operand(dtype, rules=buffers.Rules()):
+    """The analysed `gelu(x @ w) @ v` (jax's exact GELU) in `dtype`: whether the erfc's operand is a buffer."""
+    x, w = jax.ShapeDtypeStruct((64, 32), dtype), jax.ShapeDtypeStruct((32, 128), dtype)
+    v = jax.ShapeDtypeStruct((128, 16), dtype)
+
+    def fn(trainable, diff, const):
+        return [jax.nn.gelu(const[0] @ diff[0], approximate=False) @ const[1]]
+
+    p = buffers.analyse(trace.trace_program(fn, [], [x, v], [w]), rules)
+    (operand,) = {ins[0] for prim, ins, _ in p.flat.eqns[: p.n_fwd] if prim == "erfc"}
+    return p.mat[operand]
+
+
+def test_a_16_bit_error_functions_operand_that_the_backward_reads_again_is_a_buffer_on_a_gpu():
+    """XLA:GPU writes -x/sqrt(2) out beside the GELU in bfloat16 (Falcon's, RoBERTa's compiled steps), not in
+    float32, and the rule is the GPU's."""
+    assert _erfc_operand(jnp.bfloat16)
+    assert _erfc_operand(jnp.float16)
+    assert not _erfc_operand(jnp.float32)
+    assert not _erfc_operand(jnp.bfloat16, buffers.Rules(platform="tpu"))

@@ -31,6 +31,8 @@ from kdist.planning.calibration import (
     MEASURED_RESULTS,
     MEASURED_SHORT_STEP,
     MEASURED_STEP,
+    MIXED_PRECISION_HIGH,
+    MIXED_PRECISION_RESULTS,
     MOE_FSDP_HIGH,
     MOE_HIGH,
     MOE_RESULTS,
@@ -293,6 +295,22 @@ def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():
     assert model8.band == (int(model8.peak * 0.65), int(model8.peak * 1.07))
     assert any("model-axis transformers -35%/+7%" in note for note in result.notes)
     assert result.recommendation.band_class in result.reason
+
+
+def test_16_bit_compute_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
+    """Eight families in mixed_bfloat16 (`--mixed-precision`): XLA's figure never exceeds the top of the row's band
+    widened to MIXED_PRECISION_HIGH, the most it exceeded the estimate, rounded up; float32 plans keep their class's."""
+    rows = json.loads((ROOT / MIXED_PRECISION_RESULTS).read_text())["rows"]
+    assert len({r["config"] for r in rows}) == 8 and len(rows) == 80
+    ratios = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows]
+    assert MIXED_PRECISION_HIGH == pytest.approx(-(-max(ratios) * 100 // 1) / 100)
+    tops = [band_class(_axes(r["mesh"]), "transformer")[0].high for r in rows]
+    assert any(ratio > top for ratio, top in zip(ratios, tops))  # the class bands alone would not hold them
+    model = kdist.abstract_model(tiny_transformer)
+    half = kdist.plan(model, 8, batch_size=16, dtype="bfloat16", attention="materialized").candidate("fsdp=8")
+    full = kdist.plan(model, 8, batch_size=16, attention="materialized").candidate("fsdp=8")
+    assert half.band[1] == int(half.peak * MIXED_PRECISION_HIGH) and "16-bit compute" in half.band_why
+    assert "16-bit" not in full.band_why and full.band[1] < int(full.peak * MIXED_PRECISION_HIGH)
 
 
 def test_experts_on_several_devices_get_a_band_up_to_the_most_xla_took_over_the_estimate():
