@@ -31,7 +31,8 @@ EXPENSIVE = frozenset(
 CHEAP_IN_F32 = frozenset("exp exp2 div sqrt rsqrt".split())  # cheap on GPU in f32/f16 (`GpuInstructionFusion`)
 # Error functions whose 16-bit operand XLA:GPU writes out when other kernels read it too: an exact GELU in bfloat16
 # (`jax.nn.gelu`: erfc(-x / sqrt 2), whose derivative reads that operand again) keeps -x / sqrt 2 as a third output of
-# the fusion that computes the GELU, beside x and the erfc; in float32 it recomputes it from x (docs/plan.md).
+# the fusion that computes the GELU, beside x and the erfc; in float32 it recomputes it from x. A cost-model choice:
+# kept in the sharded steps compiled and on a real H100, recomputed by one cuBLAS-only compile (docs/plan.md).
 ERROR_FUNCTIONS = frozenset("erf erfc".split())
 HALF_FLOATS = frozenset("bfloat16 float16".split())
 # Reductions: their elementwise inputs fuse into them (input fusion); their output is a buffer.
