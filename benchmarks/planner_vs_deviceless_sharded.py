@@ -45,7 +45,9 @@ small, ViT-Base) into planner_vs_deviceless_full_size.json.
 plans and compiles eight more keras-hub families at hidden 256 (`FAMILIES`)
 into planner_vs_deviceless_families.json; with --families-held-out twelve
 more, built alike after the estimate's rules were drawn (`FAMILIES_HELD_OUT`),
-into planner_vs_deviceless_families_held_out.json; with --long-spans Qwen3.5,
+into planner_vs_deviceless_families_held_out.json (with --devices 16 --models
+gemma3,t5,llama3,xlm_roberta, four of them on 16 devices, into ..._16.json);
+with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
 them in mixed_bfloat16 (`MIXED_PRECISION`), into

@@ -115,6 +115,7 @@ HELD_OUT = (
 )
 CNNS_HELD_OUT_16 = "benchmarks/results/planner_vs_deviceless_cnns_held_out_16.json"  # ResNet50 on 16: no band cites it
 FAMILIES_HELD_OUT = "benchmarks/results/planner_vs_deviceless_families_held_out.json"  # twelve families, held out
+FAMILIES_HELD_OUT_16 = "benchmarks/results/planner_vs_deviceless_families_held_out_16.json"  # four of them on 16
 
 
 def test_fused_attention_on_a_gpu_reaches_the_most_a_measured_fused_config_took_rounded_up():
@@ -166,6 +167,22 @@ def test_twelve_held_out_families_never_exceed_the_top_of_their_band():
     for r in rows:
         band, why = band_class(_axes(r["mesh"]), "transformer")
         assert not why and r["xla_gpu_deviceless"] / r["estimate"] <= band.high, (r["config"], r["mesh"])
+
+
+def test_on_16_devices_only_gemma_3s_fsdp_and_t5s_model_axis_meshes_exceed_the_top_of_their_band():
+    """Four held-out families on 16 devices (`--families-held-out --devices 16`): the rows above their band's top,
+    the unsafe side, are the known limits of docs/plan.md ("Sixteen devices"), and nothing else."""
+    rows = json.loads((ROOT / FAMILIES_HELD_OUT_16).read_text())["rows"]
+    assert len({r["config"] for r in rows}) == 4 and len(rows) == 60
+    above = {
+        (r["config"].split()[0], r["mesh"])
+        for r in rows
+        if r["xla_gpu_deviceless"] / r["estimate"] > band_class(_axes(r["mesh"]), "transformer")[0].high
+    }
+    assert above and all(
+        (family == "gemma3" and "model" not in mesh and "fsdp" in mesh) or (family == "t5" and "model=" in mesh)
+        for family, mesh in above
+    ), above
 
 
 @pytest.mark.parametrize(
