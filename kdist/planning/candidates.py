@@ -74,7 +74,7 @@ def band(facts, axes, peak):
         high = MIXED_PRECISION_HIGH
         reasons.append(
             "16-bit compute: XLA:GPU keeps float32 values and fixed buffers beside the half-size activations that the "
-            f"estimate does not all count (eight keras-hub families in mixed_bfloat16 on 8 H100s came to up to "
+            "estimate does not all count (eight keras-hub families in mixed_bfloat16 on 8 H100s came to up to "
             f"{MIXED_PRECISION_HIGH:.2f}x the estimate), so the band reaches that"
         )
     longest = facts.traced.step.longest_sublayer_backward()
