@@ -46,7 +46,9 @@ plans and compiles eight more keras-hub families at hidden 256 (`FAMILIES`)
 into planner_vs_deviceless_families.json; with --families-held-out twelve
 more, built alike after the estimate's rules were drawn (`FAMILIES_HELD_OUT`),
 into planner_vs_deviceless_families_held_out.json (with --devices 16 --models
-gemma3,t5,llama3,xlm_roberta, four of them on 16 devices, into ..._16.json);
+gemma3,t5,llama3,xlm_roberta, four of them on 16 devices, into ..._16.json;
+with --models llama3,xlm_roberta,t5,gemma3 --batch 8 --sequence 1024, four at
+1024 tokens, into ..._s1024.json);
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -301,6 +303,9 @@ def main():
     parser.add_argument("--models", default="", help="comma-separated label prefixes (default: all)")
     parser.add_argument("--batch", type=int, default=None, help="global batch (default: each config's)")
     parser.add_argument(
+        "--sequence", type=int, default=None, help="tokens per example (default: each config's), into a file ..._s<N>"
+    )
+    parser.add_argument(
         "--meshes", default="", help="';'-separated meshes to compile again, their rows replaced (default: every mesh)"
     )
     parser.add_argument("--held-out", action="store_true", help="the HELD_OUT configs, into their own file")
@@ -342,7 +347,7 @@ def main():
     else:
         configs, name = CONFIGS, "sharded"
     configs = [c for c in configs if not args.models or c[0].split()[0] in args.models.split(",")]
-    suffix = "" if devices == DEVICES else f"_{devices}"
+    suffix = ("" if devices == DEVICES else f"_{devices}") + (f"_s{args.sequence}" if args.sequence else "")
     out = Path(__file__).parent / "results" / f"planner_vs_deviceless_{name}{suffix}.json"
     earlier = json.loads(out.read_text()) if out.exists() else None
 
@@ -354,6 +359,10 @@ def main():
     for label, cls, config, batch, sequence in configs:
         batch = args.batch or batch
         label = label.replace(label.split()[-2] if sequence else label.split()[-1], f"b{batch}")
+        if args.sequence and sequence:  # a position table grows to the longer sequence
+            label, sequence = label.replace(label.split()[-1], f"s{args.sequence}"), args.sequence
+            if config.get("max_sequence_length", sequence) < sequence:
+                config = {**config, "max_sequence_length": sequence}
         stored = {r["mesh"]: r for r in earlier["rows"] if r["config"] == label} if args.reestimate else None
         if stored == {}:
             continue

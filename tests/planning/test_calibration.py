@@ -116,6 +116,7 @@ HELD_OUT = (
 CNNS_HELD_OUT_16 = "benchmarks/results/planner_vs_deviceless_cnns_held_out_16.json"  # ResNet50 on 16: no band cites it
 FAMILIES_HELD_OUT = "benchmarks/results/planner_vs_deviceless_families_held_out.json"  # twelve families, held out
 FAMILIES_HELD_OUT_16 = "benchmarks/results/planner_vs_deviceless_families_held_out_16.json"  # four of them on 16
+FAMILIES_HELD_OUT_S1024 = "benchmarks/results/planner_vs_deviceless_families_held_out_s1024.json"  # at 1024 tokens
 
 
 def test_fused_attention_on_a_gpu_reaches_the_most_a_measured_fused_config_took_rounded_up():
@@ -183,6 +184,15 @@ def test_on_16_devices_only_gemma_3s_fsdp_and_t5s_model_axis_meshes_exceed_the_t
         (family == "gemma3" and "model" not in mesh and "fsdp" in mesh) or (family == "t5" and "model=" in mesh)
         for family, mesh in above
     ), above
+
+
+def test_at_1024_tokens_the_held_out_families_never_exceed_the_top_of_their_band():
+    """Four held-out families at 8 x 1024 tokens (`--sequence 1024`): a sequence no band was drawn from."""
+    rows = json.loads((ROOT / FAMILIES_HELD_OUT_S1024).read_text())["rows"]
+    assert len(rows) == 40 and all(r["config"].endswith("b8 s1024") for r in rows)
+    for r in rows:
+        band, why = band_class(_axes(r["mesh"]), "transformer")
+        assert not why and r["xla_gpu_deviceless"] / r["estimate"] <= band.high, (r["config"], r["mesh"])
 
 
 @pytest.mark.parametrize(
