@@ -96,6 +96,9 @@ def human_seconds(seconds):
     return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
+HALF_FLOATS = frozenset(("bfloat16", "float16"))  # 16-bit floating-point dtype names
+
+
 @functools.lru_cache(maxsize=None)
 def itemsize(dtype):
     """Bytes per element of `dtype` (a name, numpy or jax dtype; bfloat16 included)."""

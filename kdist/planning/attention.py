@@ -16,9 +16,9 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 
 from kdist.keras_internals.attention import attention_decision
+from kdist.units import HALF_FLOATS
 
 ATTENTION = ("fused", "materialized")
-HALF = ("bfloat16", "float16")
 
 
 def default_attention(platform, compute_dtype):
@@ -30,7 +30,7 @@ def default_attention(platform, compute_dtype):
     >>> default_attention("gpu", "bfloat16"), default_attention("gpu", "float32")
     ('fused', 'materialized')
     """
-    if platform == "tpu" or (platform == "gpu" and str(compute_dtype) in HALF):
+    if platform == "tpu" or (platform == "gpu" and str(compute_dtype) in HALF_FLOATS):
         return "fused"
     return "materialized"
 

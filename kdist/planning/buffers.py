@@ -12,6 +12,8 @@ source of each rule.
 import dataclasses
 import math
 
+from kdist.units import HALF_FLOATS
+
 # Operations XLA fuses into their readers (loop fusion); their outputs are buffers only when needed.
 ELEMENTWISE = frozenset(
     """add add_any sub mul div neg max min abs sign exp exp2 log log1p expm1 tanh logistic erf erfc erf_inv sin
@@ -34,7 +36,6 @@ CHEAP_IN_F32 = frozenset("exp exp2 div sqrt rsqrt".split())  # cheap on GPU in f
 # the fusion that computes the GELU, beside x and the erfc; in float32 it recomputes it from x. A cost-model choice:
 # kept in the sharded steps compiled and on a real H100, recomputed by one cuBLAS-only compile (docs/plan.md).
 ERROR_FUNCTIONS = frozenset("erf erfc".split())
-HALF_FLOATS = frozenset("bfloat16 float16".split())
 # Reductions: their elementwise inputs fuse into them (input fusion); their output is a buffer.
 REDUCTIONS = frozenset(
     """reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin reduce_window_sum
