@@ -80,6 +80,8 @@ def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
     )
     loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
     optimizer = planned_optimizer(facts.optimizer)  # its scalars hold values: made outside the deferred scope
+    if clone.dtype_policy.name == "mixed_float16":  # what compile() would wrap it in, inside the deferred scope
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     with deferred():
         clone.compile(optimizer=optimizer, loss=loss)
         symbolic_build(clone, (x, y))

@@ -1,5 +1,6 @@
 import json
 
+import keras
 import numpy as np
 import pytest
 
@@ -225,3 +226,21 @@ def test_adafactors_factored_state_is_planned_as_the_inspector_lays_it_out():
         assert c.optimizer == int(report.device_bytes("optimizer").max()), c.spec
     factored = [v for v in report.variables if v.kind == "optimizer" and v.path.endswith("/embeddings")]
     assert factored and all("optimizer state of rank 1" in v.reason for v in factored)
+
+
+def test_verify_compiles_a_mixed_float16_step_with_keras_loss_scaling():
+    # Keras's compile() wraps the optimizer of a mixed_float16 model in a LossScaleOptimizer, whose variables it
+    # makes at once: verify builds it outside the deferred scope, and the compiled step holds its scalars.
+    def mlp():
+        inputs = keras.Input((784,))
+        return keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Dense(256, activation="relu")(inputs)))
+
+    arguments = {}
+    for policy in ("mixed_bfloat16", "mixed_float16"):
+        keras.config.set_dtype_policy(policy)
+        try:
+            result = kdist.plan(mlp, 8, batch_size=64, verify=["data=8"])
+        finally:
+            keras.config.set_dtype_policy("float32")
+        arguments[policy] = result.candidate("data=8").compiled["argument"]
+    assert 0 < arguments["mixed_float16"] - arguments["mixed_bfloat16"] <= 64
