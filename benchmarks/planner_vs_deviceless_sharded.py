@@ -53,7 +53,9 @@ with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
 them in mixed_bfloat16 (`MIXED_PRECISION`), into
-planner_vs_deviceless_mixed_precision.json.
+planner_vs_deviceless_mixed_precision.json; with --mixed-float16 the same
+eight in mixed_float16 (`MIXED_FLOAT16`), into
+planner_vs_deviceless_mixed_float16.json.
 
     ... planner_vs_deviceless_sharded.py --cnns
 
@@ -260,6 +262,11 @@ LONG_SPANS = _widened(["qwen3_5"])
 MIXED_PRECISION = _widened(
     "falcon gpt_neox phi3 roberta qwen3 gemma3 t5 bart".split(), {"gemma3": NO_SOFT_CAPS}, dtype="mixed_bfloat16"
 )
+# The same eight in mixed_float16 (float16 compute; Keras's compile() wraps the optimizer in a LossScaleOptimizer).
+# `--mixed-float16` plans and compiles these into planner_vs_deviceless_mixed_float16.json.
+MIXED_FLOAT16 = _widened(
+    "falcon gpt_neox phi3 roberta qwen3 gemma3 t5 bart".split(), {"gemma3": NO_SOFT_CAPS}, dtype="mixed_float16"
+)
 
 
 def _applications(*names):
@@ -293,7 +300,7 @@ def config_named(model):
     """The first entry of the config lists above (CONFIGS ... CNNS_HELD_OUT) whose label begins with `model`'s words."""
     words = model.split()
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
-    every += CNNS + CNNS_HELD_OUT
+    every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -324,6 +331,9 @@ def main():
     parser.add_argument(
         "--mixed-precision", action="store_true", help="eight families in mixed_bfloat16 (MIXED_PRECISION) instead"
     )
+    parser.add_argument(
+        "--mixed-float16", action="store_true", help="the same eight in mixed_float16 (MIXED_FLOAT16) instead"
+    )
     args = parser.parse_args()
     devices = args.devices
     if args.moe:
@@ -342,6 +352,8 @@ def main():
         configs, name = CNNS_HELD_OUT, "cnns_held_out"
     elif args.mixed_precision:
         configs, name = MIXED_PRECISION, "mixed_precision"
+    elif args.mixed_float16:
+        configs, name = MIXED_FLOAT16, "mixed_float16"
     elif args.held_out:
         configs, name = (HELD_OUT[:-1] if devices == DEVICES else HELD_OUT[-1:]), "held_out"
     else:

@@ -65,3 +65,23 @@ def test_a_16_bit_error_functions_operand_that_the_backward_reads_again_is_a_buf
     assert _erfc_operand(jnp.float16)
     assert not _erfc_operand(jnp.float32)
     assert not _erfc_operand(jnp.bfloat16, buffers.Rules(platform="tpu"))
+
+
+def _exp_kept(dtype):
+    """The analysed `(exp(x) * 3) @ v` in `dtype`: whether exp's output (read again by its derivative) is a buffer."""
+    x, v = jax.ShapeDtypeStruct((64, 32), dtype), jax.ShapeDtypeStruct((32, 16), dtype)
+
+    def fn(trainable, diff, const):
+        return [(jnp.exp(diff[0]) * 3) @ const[0]]
+
+    p = buffers.analyse(trace.trace_program(fn, [], [v], [x]), buffers.Rules())
+    (output,) = {outs[0] for prim, _, outs in p.flat.eqns[: p.n_fwd] if prim == "exp"}
+    return p.mat[output]
+
+
+def test_a_16_bit_exp_read_by_two_kernels_is_written_once_on_a_gpu():
+    """float32 exp is recomputed in each reader; XLA:GPU keeps float16's, as it keeps bfloat16's (the compiled
+    mixed_float16 and mixed_bfloat16 steps of eight keras-hub families)."""
+    assert not _exp_kept(jnp.float32)
+    assert _exp_kept(jnp.bfloat16)
+    assert _exp_kept(jnp.float16)
