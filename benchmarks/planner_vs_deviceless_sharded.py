@@ -259,14 +259,11 @@ LONG_SPANS = _widened(["qwen3_5"])
 # Mixed precision: eight of the families above in mixed_bfloat16 (float32 weights, bfloat16 compute).
 # `--mixed-precision` plans and compiles these into planner_vs_deviceless_mixed_precision.json
 # (`calibration.MIXED_PRECISION_HIGH`).
-MIXED_PRECISION = _widened(
-    "falcon gpt_neox phi3 roberta qwen3 gemma3 t5 bart".split(), {"gemma3": NO_SOFT_CAPS}, dtype="mixed_bfloat16"
-)
+MIXED_PRECISION_FAMILIES = "falcon gpt_neox phi3 roberta qwen3 gemma3 t5 bart".split()
+MIXED_PRECISION = _widened(MIXED_PRECISION_FAMILIES, {"gemma3": NO_SOFT_CAPS}, dtype="mixed_bfloat16")
 # The same eight in mixed_float16 (float16 compute; Keras's compile() wraps the optimizer in a LossScaleOptimizer).
 # `--mixed-float16` plans and compiles these into planner_vs_deviceless_mixed_float16.json.
-MIXED_FLOAT16 = _widened(
-    "falcon gpt_neox phi3 roberta qwen3 gemma3 t5 bart".split(), {"gemma3": NO_SOFT_CAPS}, dtype="mixed_float16"
-)
+MIXED_FLOAT16 = _widened(MIXED_PRECISION_FAMILIES, {"gemma3": NO_SOFT_CAPS}, dtype="mixed_float16")
 
 
 def _applications(*names):
