@@ -47,6 +47,7 @@ into planner_vs_deviceless_families.json; with --families-held-out twelve
 more, built alike after the estimate's rules were drawn (`FAMILIES_HELD_OUT`),
 into planner_vs_deviceless_families_held_out.json (with --devices 16 --models
 gemma3,t5,llama3,xlm_roberta, four of them on 16 devices, into ..._16.json;
+with --devices 4, all twelve on 4 devices, into ..._4.json;
 with --models llama3,xlm_roberta,t5,gemma3 --batch 8 --sequence 1024, four at
 1024 tokens, into ..._s1024.json);
 with --long-spans Qwen3.5,

@@ -116,6 +116,7 @@ HELD_OUT = (
 CNNS_HELD_OUT_16 = "benchmarks/results/planner_vs_deviceless_cnns_held_out_16.json"  # ResNet50 on 16: no band cites it
 FAMILIES_HELD_OUT = "benchmarks/results/planner_vs_deviceless_families_held_out.json"  # twelve families, held out
 FAMILIES_HELD_OUT_16 = "benchmarks/results/planner_vs_deviceless_families_held_out_16.json"  # four of them on 16
+FAMILIES_HELD_OUT_4 = "benchmarks/results/planner_vs_deviceless_families_held_out_4.json"  # the twelve on 4
 FAMILIES_HELD_OUT_S1024 = "benchmarks/results/planner_vs_deviceless_families_held_out_s1024.json"  # at 1024 tokens
 MIXED_FLOAT16 = "benchmarks/results/planner_vs_deviceless_mixed_float16.json"  # the eight of MIXED_PRECISION in float16
 
@@ -190,6 +191,15 @@ def test_on_16_devices_only_gemma_3s_fsdp_and_t5s_model_axis_meshes_exceed_the_t
         (family == "gemma3" and "model" not in mesh and "fsdp" in mesh) or (family == "t5" and "model=" in mesh)
         for family, mesh in above
     ), above
+
+
+def test_on_4_devices_the_held_out_families_never_exceed_the_top_of_their_band():
+    """The twelve held-out families on every mesh of 4 devices (`--families-held-out --devices 4`), twice the examples
+    per device of the 8-device rows: none above its band's top, none more than 5% under."""
+    rows = json.loads((ROOT / FAMILIES_HELD_OUT_4).read_text())["rows"]
+    assert len({r["config"] for r in rows}) == 12 and len(rows) == 72
+    assert not _above_the_band_top(rows)
+    assert all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in rows)
 
 
 def test_at_1024_tokens_the_held_out_families_never_exceed_the_top_of_their_band():
