@@ -49,7 +49,8 @@ into planner_vs_deviceless_families_held_out.json (with --devices 16 --models
 gemma3,t5,llama3,xlm_roberta, four of them on 16 devices, into ..._16.json;
 with --devices 4, all twelve on 4 devices, into ..._4.json;
 with --models llama3,xlm_roberta,t5,gemma3 --batch 8 --sequence 1024, four at
-1024 tokens, into ..._s1024.json);
+1024 tokens, into ..._s1024.json; with --models llama3,electra,deberta_v3,xlm_roberta
+--dtype bfloat16, four in bfloat16 throughout, into ..._bfloat16.json);
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -311,6 +312,9 @@ def main():
         "--sequence", type=int, default=None, help="tokens per example (default: each config's), into a file ..._s<N>"
     )
     parser.add_argument(
+        "--dtype", default=None, help="a Keras dtype policy for every config (named in its label), into a file ..._<it>"
+    )
+    parser.add_argument(
         "--meshes", default="", help="';'-separated meshes to compile again, their rows replaced (default: every mesh)"
     )
     parser.add_argument("--held-out", action="store_true", help="the HELD_OUT configs, into their own file")
@@ -357,7 +361,13 @@ def main():
     else:
         configs, name = CONFIGS, "sharded"
     configs = [c for c in configs if not args.models or c[0].split()[0] in args.models.split(",")]
+    if args.dtype:
+        configs = [
+            (label.replace(" ", f" {args.dtype} ", 1), cls, {**config, "dtype": args.dtype}, batch, sequence)
+            for label, cls, config, batch, sequence in configs
+        ]
     suffix = ("" if devices == DEVICES else f"_{devices}") + (f"_s{args.sequence}" if args.sequence else "")
+    suffix += f"_{args.dtype}" if args.dtype else ""
     out = Path(__file__).parent / "results" / f"planner_vs_deviceless_{name}{suffix}.json"
     earlier = json.loads(out.read_text()) if out.exists() else None
 
