@@ -235,12 +235,12 @@ def test_verify_compiles_a_mixed_float16_step_with_keras_loss_scaling():
         inputs = keras.Input((784,))
         return keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Dense(256, activation="relu")(inputs)))
 
-    arguments = {}
+    arguments, previous = {}, keras.config.dtype_policy()
     for policy in ("mixed_bfloat16", "mixed_float16"):
         keras.config.set_dtype_policy(policy)
         try:
             result = kdist.plan(mlp, 8, batch_size=64, verify=["data=8"])
         finally:
-            keras.config.set_dtype_policy("float32")
+            keras.config.set_dtype_policy(previous)
         arguments[policy] = result.candidate("data=8").compiled["argument"]
     assert 0 < arguments["mixed_float16"] - arguments["mixed_bfloat16"] <= 64
