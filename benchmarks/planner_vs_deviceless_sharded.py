@@ -43,7 +43,9 @@ small, ViT-Base) into planner_vs_deviceless_full_size.json.
     ... planner_vs_deviceless_sharded.py --families
 
 plans and compiles eight more keras-hub families at hidden 256 (`FAMILIES`)
-into planner_vs_deviceless_families.json; with --families-held-out twelve
+into planner_vs_deviceless_families.json (with --models gemma2 --devices 4 or
+16, Gemma 2's soft-capped attention on 4 or 16 devices, into ..._4.json and
+..._16.json); with --families-held-out twelve
 more, built alike after the estimate's rules were drawn (`FAMILIES_HELD_OUT`),
 into planner_vs_deviceless_families_held_out.json (with --devices 16 --models
 gemma3,t5,llama3,xlm_roberta, four of them on 16 devices, into ..._16.json;

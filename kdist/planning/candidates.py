@@ -67,8 +67,8 @@ def band(facts, axes, peak):
         high = SOFT_CAP_HIGH
         reasons.append(
             "a logit soft cap on the attention scores: XLA:GPU keeps values of the capped scores that the estimate "
-            f"fuses away (kdist's Gemma 2 at hidden 256 on 8 H100s came to up to {SOFT_CAP_HIGH:.2f}x the estimate), "
-            "so the band reaches that"
+            f"fuses away (kdist's Gemma 2 at hidden 256 on 4 to 16 H100s came to up to {SOFT_CAP_HIGH:.2f}x the "
+            "estimate), so the band reaches that"
         )
     if facts.act_itemsize == 2 and MIXED_PRECISION_HIGH > high:
         high = MIXED_PRECISION_HIGH
