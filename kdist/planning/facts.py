@@ -341,14 +341,14 @@ def check_dtype(dtype):
     except TypeError:
         ok = False
     if not ok:
-        policy = isinstance(dtype, str) and dtype.startswith("mixed_")
+        policy = (
+            f" {dtype!r} is a Keras dtype policy: build the model under keras.config.set_dtype_policy({dtype!r}) and "
+            "leave dtype= out (dtype= puts the whole state in one dtype)."
+            if isinstance(dtype, str) and dtype.startswith("mixed_")
+            else ""
+        )
         raise ArgumentError(
-            f"dtype must be a floating-point dtype such as 'bfloat16' or 'float32'; received dtype={shown(dtype)}."
-            + (
-                f" {dtype!r} is a Keras dtype policy: build the model under keras.config.set_dtype_policy({dtype!r}) "
-                "and leave dtype= out (dtype= puts the whole state in one dtype)."
-                if policy
-                else ""
-            )
+            "dtype must be a floating-point dtype such as 'bfloat16' or 'float32'; "
+            f"received dtype={shown(dtype)}.{policy}"
         )
     return dtype
