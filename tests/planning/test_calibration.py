@@ -52,6 +52,11 @@ def _axes(spec):
     return {k: int(v) for k, v in (part.split("=") for part in spec.split(","))}
 
 
+def _rows(*paths):
+    """The rows of the stored results at `paths` (relative to the project), in order."""
+    return [r for path in paths for r in json.loads((ROOT / path).read_text())["rows"]]
+
+
 def _family(row):
     """The row's band family; Gemma 2's soft-capped attention has a band of its own reach (SOFT_CAP_HIGH)."""
     if row["config"].startswith("gemma2"):
@@ -79,7 +84,7 @@ def _stored_rows(fused=False):
             if r["estimate"]["attention"] == "fused"
         ]
     rows = []
-    for r in json.loads((ROOT / GPU_RESULTS).read_text())["rows"]:
+    for r in _rows(GPU_RESULTS):
         rows.append(("single", _family(r), r["truth"] / r["estimate"]))
     for _, r in _measured_rows():
         if r["estimate"]["attention"] != "fused":
@@ -96,7 +101,7 @@ def _stored_rows(fused=False):
         CNNS_HELD_OUT_1_RESULTS,
         CNNS_16_RESULTS,
     ):
-        for r in json.loads((ROOT / path).read_text())["rows"]:
+        for r in _rows(path):
             rows.append((mesh_kind(_axes(r["mesh"])), _family(r), r["xla_gpu_deviceless"] / r["estimate"]))
     return rows
 
@@ -151,12 +156,12 @@ def test_on_a_real_gpu_peaks_exceed_the_deviceless_compile_the_estimate_follows_
 def test_configs_no_band_cites_fall_in_the_band_of_their_class():
     """Held-out rows (`planner_vs_deviceless_sharded.py --held-out`: other families, a shorter sequence, mixed
     precision, 16 devices; `--cnns-held-out --devices 16`: ResNet50): the bands were not drawn from them."""
-    rows = [r for path in HELD_OUT for r in json.loads((ROOT / path).read_text())["rows"]]
+    rows = _rows(*HELD_OUT)
     assert len({r["config"] for r in rows}) == 4 and len(rows) == 3 * 10 + 15
     for r in rows:
         band, why = band_class(_axes(r["mesh"]), "transformer")
         assert not why and band.low <= r["xla_gpu_deviceless"] / r["estimate"] <= band.high, (r["config"], r["mesh"])
-    cnns = json.loads((ROOT / CNNS_HELD_OUT_16).read_text())["rows"]
+    cnns = _rows(CNNS_HELD_OUT_16)
     assert len(cnns) == 15
     for r in cnns:
         band, why = band_class(_axes(r["mesh"]), "cnn")
@@ -167,7 +172,7 @@ def test_twelve_held_out_families_never_exceed_the_top_of_their_band():
     """`--families-held-out`: compiled after every rule of the estimate was drawn, no band cites them. XLA's figure
     never exceeds the top of the row's band, the unsafe side: the rows more than 5% under are inside their bands,
     the rows outside are over (docs/plan.md, "Twelve more families, held out")."""
-    rows = json.loads((ROOT / FAMILIES_HELD_OUT).read_text())["rows"]
+    rows = _rows(FAMILIES_HELD_OUT)
     assert len({r["config"] for r in rows}) == 12 and len(rows) == 120
     assert not _above_the_band_top(rows)
 
@@ -186,7 +191,7 @@ def _above_the_band_top(rows):
 def test_on_16_devices_only_gemma_3s_fsdp_and_t5s_model_axis_meshes_exceed_the_top_of_their_band():
     """Four held-out families on 16 devices (`--families-held-out --devices 16`): the rows above their band's top,
     the unsafe side, are the known limits of docs/plan.md ("Sixteen devices"), and nothing else."""
-    rows = json.loads((ROOT / FAMILIES_HELD_OUT_16).read_text())["rows"]
+    rows = _rows(FAMILIES_HELD_OUT_16)
     assert len({r["config"] for r in rows}) == 4 and len(rows) == 60
     above = _above_the_band_top(rows)
     assert above and all(
@@ -198,7 +203,7 @@ def test_on_16_devices_only_gemma_3s_fsdp_and_t5s_model_axis_meshes_exceed_the_t
 def test_on_4_devices_the_held_out_families_never_exceed_the_top_of_their_band():
     """The twelve held-out families on every mesh of 4 devices (`--families-held-out --devices 4`), twice the examples
     per device of the 8-device rows: none above its band's top, none more than 5% under."""
-    rows = json.loads((ROOT / FAMILIES_HELD_OUT_4).read_text())["rows"]
+    rows = _rows(FAMILIES_HELD_OUT_4)
     assert len({r["config"] for r in rows}) == 12 and len(rows) == 72
     assert not _above_the_band_top(rows)
     assert all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in rows)
@@ -208,7 +213,7 @@ def test_in_bfloat16_throughout_the_held_out_families_stay_under_the_top_of_the_
     """Four held-out families with dtype="bfloat16" (`--dtype bfloat16`): XLA's figure is under the 16-bit band's top
     on every mesh, and the only rows more than 5% under are DeBERTa-v3's without a model axis (its batched gathers'
     expanded, shared index buffers, docs/plan.md "bfloat16 throughout")."""
-    rows = json.loads((ROOT / FAMILIES_HELD_OUT_BFLOAT16).read_text())["rows"]
+    rows = _rows(FAMILIES_HELD_OUT_BFLOAT16)
     assert len({r["config"] for r in rows}) == 4 and len(rows) == 40
     assert all(r["xla_gpu_deviceless"] <= r["estimate"] * MIXED_PRECISION_HIGH for r in rows)
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if r["estimate"] < 0.95 * r["xla_gpu_deviceless"]}
@@ -217,7 +222,7 @@ def test_in_bfloat16_throughout_the_held_out_families_stay_under_the_top_of_the_
 
 def test_at_1024_tokens_the_held_out_families_never_exceed_the_top_of_their_band():
     """Four held-out families at 8 x 1024 tokens (`--sequence 1024`): a sequence no band was drawn from."""
-    rows = json.loads((ROOT / FAMILIES_HELD_OUT_S1024).read_text())["rows"]
+    rows = _rows(FAMILIES_HELD_OUT_S1024)
     assert len(rows) == 40 and all(r["config"].endswith("b8 s1024") for r in rows)
     assert not _above_the_band_top(rows)
 
@@ -237,7 +242,7 @@ def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward(kind, f
 
 def test_a_soft_cap_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
     """Gemma 2 on every mesh of 8, 4 and 16 devices (`--families --models gemma2 --devices N`)."""
-    rows = [r for path in SOFT_CAP_RESULTS for r in json.loads((ROOT / path).read_text())["rows"]]
+    rows = _rows(*SOFT_CAP_RESULTS)
     capped = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _family(r) == "capped transformer"]
     assert len(capped) == 10 + 6 + 15 and SOFT_CAP_HIGH == pytest.approx(-(-max(capped) * 100 // 1) / 100)
     pytest.importorskip("keras_hub")
@@ -253,7 +258,7 @@ def test_the_other_families_are_within_5_percent_but_where_fixed_buffers_weigh()
     """The safety rule on families no rule of the estimate was drawn from (soft caps aside): it holds wherever XLA's
     figure is over 80 MB; under that XLA:GPU's fixed buffers (a 4 MiB cuBLAS workspace), which the estimate leaves
     to the margin, are 5% of it."""
-    rows = [r for r in json.loads((ROOT / FAMILIES_RESULTS).read_text())["rows"] if _family(r) == "transformer"]
+    rows = [r for r in _rows(FAMILIES_RESULTS) if _family(r) == "transformer"]
     large = [r for r in rows if r["xla_gpu_deviceless"] > 80e6]
     assert len(large) >= 50 and min(r["estimate"] / r["xla_gpu_deviceless"] for r in large) >= 0.95
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if r["estimate"] / r["xla_gpu_deviceless"] < 0.95}
@@ -262,7 +267,7 @@ def test_the_other_families_are_within_5_percent_but_where_fixed_buffers_weigh()
 
 def _several_devices(path):
     """XLA's figure / the estimate of a deviceless table's rows on meshes of several devices."""
-    rows = json.loads((ROOT / path).read_text())["rows"]
+    rows = _rows(path)
     if path == LHS_RESULTS:  # where the LHS's first order went past its limit XLA scheduled again; slop: not default
         rows = [r for r in rows if r["slop_factor"] is None and r["pressure_after_lhs"] <= r["lhs_limit"]]
     return [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _axes(r["mesh"]) != {"data": 1}]
@@ -355,7 +360,7 @@ def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():
 def test_16_bit_compute_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
     """Eight families in mixed_bfloat16 (`--mixed-precision`): XLA's figure never exceeds the top of the row's band
     widened to MIXED_PRECISION_HIGH, the most it exceeded the estimate, rounded up; float32 plans keep their class's."""
-    rows = json.loads((ROOT / MIXED_PRECISION_RESULTS).read_text())["rows"]
+    rows = _rows(MIXED_PRECISION_RESULTS)
     assert len({r["config"] for r in rows}) == 8 and len(rows) == 80
     ratios = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows]
     assert MIXED_PRECISION_HIGH == pytest.approx(-(-max(ratios) * 100 // 1) / 100)
@@ -373,10 +378,10 @@ def test_mixed_float16_rows_stay_under_the_top_of_the_16_bit_band_drawn_from_mix
     under the band's top on every mesh, and with float16 exp, divide and tanh counted as expensive (as XLA keeps them)
     the families more than 5% under somewhere are those that are in mixed_bfloat16 (with them cheap, RoBERTa and T5
     were too)."""
-    rows = json.loads((ROOT / MIXED_FLOAT16).read_text())["rows"]
+    rows = _rows(MIXED_FLOAT16)
     assert len({r["config"] for r in rows}) == 8 and len(rows) == 80
     assert all(r["xla_gpu_deviceless"] <= r["estimate"] * MIXED_PRECISION_HIGH for r in rows)
-    bfloat16 = json.loads((ROOT / MIXED_PRECISION_RESULTS).read_text())["rows"]
+    bfloat16 = _rows(MIXED_PRECISION_RESULTS)
 
     def families_under(rows, field="estimate"):
         return {r["config"].split()[0] for r in rows if r[field] < 0.95 * r["xla_gpu_deviceless"]}
@@ -387,7 +392,7 @@ def test_mixed_float16_rows_stay_under_the_top_of_the_16_bit_band_drawn_from_mix
 
 def test_experts_on_several_devices_get_a_band_up_to_the_most_xla_took_over_the_estimate():
     """Mixture-of-experts: not modelled, so the band reaches XLA's largest excess on the stored MoE rows."""
-    rows = json.loads((ROOT / MOE_RESULTS).read_text())["rows"]
+    rows = _rows(MOE_RESULTS)
     on_fsdp = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _axes(r["mesh"]).get("fsdp", 1) > 1]
     others = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _axes(r["mesh"]).get("fsdp", 1) == 1]
     assert len(on_fsdp) >= 20 and MOE_FSDP_HIGH == pytest.approx(-(-max(on_fsdp) * 100 // 1) / 100)
@@ -458,7 +463,7 @@ def test_long_span_kernels_is_the_longest_sublayer_backward_of_the_families_the_
 def test_a_longer_sublayer_backward_gets_a_band_down_to_what_xla_took_on_several_devices(monkeypatch):
     """Qwen3.5's gated delta net on 8 deviceless H100s (`--long-spans`): XLA's figure fell to LONG_SPAN_LOW of the
     estimate, rounded down; a plan with so long a sublayer backward says so on meshes of several devices."""
-    rows = json.loads((ROOT / LONG_SPAN_RESULTS).read_text())["rows"]
+    rows = _rows(LONG_SPAN_RESULTS)
     assert len(rows) == 10
     assert LONG_SPAN_LOW == pytest.approx(int(min(r["xla_gpu_deviceless"] / r["estimate"] for r in rows) * 100) / 100)
     pytest.importorskip("keras_hub")
