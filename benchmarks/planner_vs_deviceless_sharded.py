@@ -52,7 +52,9 @@ gemma3,t5,llama3,xlm_roberta, four of them on 16 devices, into ..._16.json;
 with --devices 4, all twelve on 4 devices, into ..._4.json;
 with --models llama3,xlm_roberta,t5,gemma3 --batch 8 --sequence 1024, four at
 1024 tokens, into ..._s1024.json; with --models llama3,electra,deberta_v3,xlm_roberta
---dtype bfloat16, four in bfloat16 throughout, into ..._bfloat16.json);
+--dtype bfloat16, four in bfloat16 throughout, into ..._bfloat16.json; with --width 512,4
+--models llama3,qwen3,xlm_roberta,t5,gemma3,smollm3,electra,bart,deberta_v3,esm, ten at hidden 512 and 4 layers,
+into ..._h512_l4.json);
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -282,6 +284,14 @@ CNNS = _applications("MobileNetV2", "EfficientNetB0", "DenseNet121")
 CNNS_HELD_OUT = _applications("ResNet50", "InceptionV3", "ConvNeXtTiny")
 
 
+def _per_layer(value, layers, wanted):
+    """`value` of a config with `layers` layers for one with `wanted`: a list with one entry per layer (SmolLM3's
+    layer types) repeated to the new depth, anything else unchanged."""
+    if isinstance(value, list) and len(value) == layers:
+        return [value[i % layers] for i in range(wanted)]
+    return value
+
+
 def compiled_rows(result, **fields):
     """A row per compiled candidate of `result`: `fields`, the mesh, the estimate, XLA's figure, their ratio."""
     return [
@@ -315,6 +325,12 @@ def main():
     )
     parser.add_argument(
         "--dtype", default=None, help="a Keras dtype policy for every config (named in its label), into a file ..._<it>"
+    )
+    parser.add_argument(
+        "--width",
+        default=None,
+        help="HIDDEN,LAYERS: the widened families (h256, 2 layers) at this hidden size (MLP 4x) and depth, into a file "
+        "..._h<HIDDEN>_l<LAYERS>",
     )
     parser.add_argument(
         "--meshes", default="", help="';'-separated meshes to compile again, their rows replaced (default: every mesh)"
@@ -368,7 +384,21 @@ def main():
             (label.replace(" ", f" {args.dtype} ", 1), cls, {**config, "dtype": args.dtype}, batch, sequence)
             for label, cls, config, batch, sequence in configs
         ]
+    if args.width:
+        hidden, layers = (int(n) for n in args.width.split(","))
+        sizes = dict(hidden_dim=hidden, intermediate_dim=4 * hidden, mlp_dim=4 * hidden, num_layers=layers)
+        configs = [
+            (
+                label.replace("h256 2 layers", f"h{hidden} {layers} layers"),
+                cls,
+                {k: sizes.get(k, _per_layer(v, config["num_layers"], layers)) for k, v in config.items()},
+                batch,
+                sequence,
+            )
+            for label, cls, config, batch, sequence in configs
+        ]
     suffix = ("" if devices == DEVICES else f"_{devices}") + (f"_s{args.sequence}" if args.sequence else "")
+    suffix += f"_h{hidden}_l{layers}" if args.width else ""
     suffix += f"_{args.dtype}" if args.dtype else ""
     out = Path(__file__).parent / "results" / f"planner_vs_deviceless_{name}{suffix}.json"
     earlier = json.loads(out.read_text()) if out.exists() else None

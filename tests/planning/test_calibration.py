@@ -125,6 +125,7 @@ FAMILIES_HELD_OUT_16 = "benchmarks/results/planner_vs_deviceless_families_held_o
 FAMILIES_HELD_OUT_4 = "benchmarks/results/planner_vs_deviceless_families_held_out_4.json"  # the twelve on 4
 FAMILIES_HELD_OUT_BFLOAT16 = "benchmarks/results/planner_vs_deviceless_families_held_out_bfloat16.json"  # four, bf16
 FAMILIES_HELD_OUT_S1024 = "benchmarks/results/planner_vs_deviceless_families_held_out_s1024.json"  # at 1024 tokens
+FAMILIES_HELD_OUT_H512 = "benchmarks/results/planner_vs_deviceless_families_held_out_h512_l4.json"  # ten, wider
 MIXED_FLOAT16 = "benchmarks/results/planner_vs_deviceless_mixed_float16.json"  # the eight of MIXED_PRECISION in float16
 
 
@@ -224,6 +225,15 @@ def test_at_1024_tokens_the_held_out_families_never_exceed_the_top_of_their_band
     """Four held-out families at 8 x 1024 tokens (`--sequence 1024`): a sequence no band was drawn from."""
     rows = _rows(FAMILIES_HELD_OUT_S1024)
     assert len(rows) == 40 and all(r["config"].endswith("b8 s1024") for r in rows)
+    assert not _above_the_band_top(rows)
+
+
+def test_at_hidden_512_and_4_layers_the_held_out_families_keep_the_safety_rule_and_their_bands_top():
+    """Ten held-out families at twice the width and depth (`--width 512,4`): sizes no band was drawn from."""
+    rows = _rows(FAMILIES_HELD_OUT_H512)
+    assert len({r["config"] for r in rows}) == 10 and len(rows) == 100
+    assert all(" h512 4 layers " in r["config"] for r in rows)
+    assert all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in rows)
     assert not _above_the_band_top(rows)
 
 
