@@ -54,7 +54,8 @@ with --models llama3,xlm_roberta,t5,gemma3 --batch 8 --sequence 1024, four at
 1024 tokens, into ..._s1024.json; with --models llama3,electra,deberta_v3,xlm_roberta
 --dtype bfloat16, four in bfloat16 throughout, into ..._bfloat16.json; with --width 512,4
 --models llama3,qwen3,xlm_roberta,t5,gemma3,smollm3,electra,bart,deberta_v3,esm, ten at hidden 512 and 4 layers,
-into ..._h512_l4.json);
+into ..._h512_l4.json, and with --devices 16 --models gemma3,t5 two of them on 16 devices, into
+..._16_h512_l4.json);
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of

@@ -126,6 +126,7 @@ FAMILIES_HELD_OUT_4 = "benchmarks/results/planner_vs_deviceless_families_held_ou
 FAMILIES_HELD_OUT_BFLOAT16 = "benchmarks/results/planner_vs_deviceless_families_held_out_bfloat16.json"  # four, bf16
 FAMILIES_HELD_OUT_S1024 = "benchmarks/results/planner_vs_deviceless_families_held_out_s1024.json"  # at 1024 tokens
 FAMILIES_HELD_OUT_H512 = "benchmarks/results/planner_vs_deviceless_families_held_out_h512_l4.json"  # ten, wider
+FAMILIES_HELD_OUT_16_H512 = "benchmarks/results/planner_vs_deviceless_families_held_out_16_h512_l4.json"  # two, 16
 MIXED_FLOAT16 = "benchmarks/results/planner_vs_deviceless_mixed_float16.json"  # the eight of MIXED_PRECISION in float16
 
 
@@ -235,6 +236,17 @@ def test_at_hidden_512_and_4_layers_the_held_out_families_keep_the_safety_rule_a
     assert all(" h512 4 layers " in r["config"] for r in rows)
     assert all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in rows)
     assert not _above_the_band_top(rows)
+
+
+def test_on_16_devices_at_hidden_512_gemma_3s_fsdp_is_safe_and_only_t5s_model_axis_meshes_exceed_the_top():
+    """Gemma 3 and T5 on 16 devices at hidden 512 and 4 layers: Gemma 3's fsdp meshes, above their band's top at
+    hidden 256, are within 5%; T5's model axes of 4 and 8 stay above it (docs/plan.md, "Wider and deeper")."""
+    rows = _rows(FAMILIES_HELD_OUT_16_H512)
+    assert {r["config"].split()[0] for r in rows} == {"gemma3", "t5"} and len(rows) == 30
+    batch_split = [r for r in rows if r["config"].startswith("gemma3") and "model" not in r["mesh"]]  # fsdp, data
+    assert len(batch_split) == 5 and all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in batch_split)
+    above = _above_the_band_top(rows)
+    assert above == {("t5", m) for m in ("data=4,model=4", "fsdp=4,model=4", "fsdp=2,model=8", "data=2,model=8")}
 
 
 @pytest.mark.parametrize(
