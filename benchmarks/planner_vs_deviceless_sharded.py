@@ -82,6 +82,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -386,6 +387,8 @@ def main():
             for label, cls, config, batch, sequence in configs
         ]
     if args.width:
+        if not re.fullmatch(r"\d+,\d+", args.width) or any("h256 2 layers" not in c[0] for c in configs):
+            parser.error(f"--width takes HIDDEN,LAYERS for the widened families (h256, 2 layers); got {args.width!r}")
         hidden, layers = (int(n) for n in args.width.split(","))
         sizes = dict(hidden_dim=hidden, intermediate_dim=4 * hidden, mlp_dim=4 * hidden, num_layers=layers)
         configs = [
