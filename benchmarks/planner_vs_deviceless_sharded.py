@@ -387,8 +387,14 @@ def main():
             for label, cls, config, batch, sequence in configs
         ]
     if args.width:
-        if not re.fullmatch(r"\d+,\d+", args.width) or any("h256 2 layers" not in c[0] for c in configs):
-            parser.error(f"--width takes HIDDEN,LAYERS for the widened families (h256, 2 layers); got {args.width!r}")
+        if not re.fullmatch(r"\d+,\d+", args.width):
+            parser.error(f"--width takes HIDDEN,LAYERS, two whole numbers such as 512,4; got {args.width!r}")
+        narrow = next((c[0] for c in configs if "h256 2 layers" not in c[0]), None)
+        if narrow is not None:
+            parser.error(
+                f"--width resizes the widened families (h256, 2 layers: --families, --families-held-out, --long-spans, "
+                f"--mixed-precision, --mixed-float16); the configs chosen include {narrow!r}"
+            )
         hidden, layers = (int(n) for n in args.width.split(","))
         sizes = dict(hidden_dim=hidden, intermediate_dim=4 * hidden, mlp_dim=4 * hidden, num_layers=layers)
         configs = [
