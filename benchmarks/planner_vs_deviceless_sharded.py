@@ -259,6 +259,17 @@ FAMILIES_HELD_OUT = _widened(
     {"gemma3": NO_SOFT_CAPS},
 )
 
+# Unseen: two families of kdist.zoo.TINY no rule, band or earlier run has compiled, widened the same way (RoFormerV2's
+# head size and Whisper's position tables grown with them). `--families-unseen` plans and compiles these into
+# planner_vs_deviceless_families_unseen.json.
+FAMILIES_UNSEEN = _widened(
+    ["roformer_v2", "whisper"],
+    {
+        "roformer_v2": {"head_size": 32},
+        "whisper": {"max_encoder_sequence_length": 512, "max_decoder_sequence_length": 256},
+    },
+)
+
 # A sublayer whose backward runs far more kernels than any above: Qwen3.5's gated delta net (a 63-step correction loop
 # per chunk, about 500 kernels in its backward against at most 33 in the configs the bands are drawn from).
 # `--long-spans` plans and compiles it into planner_vs_deviceless_long_spans.json (`calibration.LONG_SPAN_LOW`).
@@ -313,7 +324,7 @@ def config_named(model):
     """The first entry of the config lists above (CONFIGS ... CNNS_HELD_OUT) whose label begins with `model`'s words."""
     words = model.split()
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
-    every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT
+    every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + FAMILIES_UNSEEN
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -347,6 +358,9 @@ def main():
     parser.add_argument(
         "--families-held-out", action="store_true", help="twelve more families (FAMILIES_HELD_OUT) instead"
     )
+    parser.add_argument(
+        "--families-unseen", action="store_true", help="two families no earlier run compiled (FAMILIES_UNSEEN) instead"
+    )
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
     parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
@@ -366,6 +380,8 @@ def main():
         configs, name = FAMILIES, "families"
     elif args.families_held_out:
         configs, name = FAMILIES_HELD_OUT, "families_held_out"
+    elif args.families_unseen:
+        configs, name = FAMILIES_UNSEEN, "families_unseen"
     elif args.cnns:
         configs, name = CNNS, "cnns"
     elif args.long_spans:

@@ -15,7 +15,7 @@ from kdist.jax_internals import (
     devices_seen_as,
     xla_memory,
 )
-from kdist.keras_internals import deferred, output_struct, symbolic_build
+from kdist.keras_internals import KerasTensor, deferred, symbolic_build
 from kdist.presets import build_preset
 
 
@@ -72,12 +72,9 @@ def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
     mesh = dist.device_mesh.backend_mesh
     clone = _rebuild(facts)
     x = keras.tree.map_structure(lambda s: jax.ShapeDtypeStruct((batch_size, *s.shape[1:]), s.dtype), facts.inputs)
-    outputs = keras.tree.map_structure(lambda t: t, output_struct(clone))
-    seq = facts.sequence_length or 1
-    y = keras.tree.map_structure(
-        lambda t: jax.ShapeDtypeStruct((batch_size, *(seq if d is None else d for d in t.shape[1:-1])), "int32"),
-        outputs,
-    )
+    with deferred():  # each output's own length (Whisper's encoder halves its frames), not the sequence given
+        outputs = clone.compute_output_spec(keras.tree.map_structure(lambda s: KerasTensor(s.shape, s.dtype), x))
+    y = keras.tree.map_structure(lambda t: jax.ShapeDtypeStruct(tuple(t.shape[:-1]), "int32"), outputs)
     loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
     optimizer = planned_optimizer(facts.optimizer)  # its scalars hold values: made outside the deferred scope
     if clone.dtype_policy.name == "mixed_float16":  # what compile() would wrap it in, inside the deferred scope

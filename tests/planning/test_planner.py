@@ -185,6 +185,20 @@ def test_verify_compiles_and_is_close_to_the_estimate():
     assert any("CPU proxy" in note for note in result.notes)
 
 
+def _halving_model():
+    """Token ids in, a strided convolution halving the sequence, logits out (as Whisper's encoder does)."""
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(64, 16)(tokens)
+    x = keras.layers.Conv1D(16, 3, strides=2, padding="same")(x)
+    return keras.Model(tokens, keras.layers.Dense(64)(x))
+
+
+def test_verify_labels_each_output_at_its_own_length():
+    result = kdist.plan(_halving_model, 8, batch_size=64, sequence_length=16, verify=["data=8"])
+    checked = result.candidate("data=8")
+    assert checked.compiled and checked.compiled["peak"] > 0
+
+
 def test_dtype_counts_the_state_in_that_dtype(plans):
     model, result = plans["mlp"]
     half = kdist.plan(model, 8, batch_size=64, dtype="bfloat16")
