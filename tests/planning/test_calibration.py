@@ -129,6 +129,7 @@ FAMILIES_HELD_OUT_H512 = "benchmarks/results/planner_vs_deviceless_families_held
 FAMILIES_HELD_OUT_16_H512 = "benchmarks/results/planner_vs_deviceless_families_held_out_16_h512_l4.json"  # two, 16
 MIXED_FLOAT16 = "benchmarks/results/planner_vs_deviceless_mixed_float16.json"  # the eight of MIXED_PRECISION in float16
 FAMILIES_UNSEEN = "benchmarks/results/planner_vs_deviceless_families_unseen.json"  # two never compiled before
+FAMILIES_HELD_OUT_32 = "benchmarks/results/planner_vs_deviceless_families_held_out_32.json"  # two on 32 devices
 
 
 def test_fused_attention_on_a_gpu_reaches_the_most_a_measured_fused_config_took_rounded_up():
@@ -248,6 +249,16 @@ def test_on_16_devices_at_hidden_512_gemma_3s_fsdp_is_safe_and_only_t5s_model_ax
     assert len(batch_split) == 5 and all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in batch_split)
     above = _above_the_band_top(rows)
     assert above == {("t5", m) for m in ("data=4,model=4", "fsdp=4,model=4", "fsdp=2,model=8", "data=2,model=8")}
+
+
+def test_on_32_devices_two_held_out_families_keep_the_safety_rule_and_their_bands_top():
+    """Llama 3 and XLM-RoBERTa on every mesh of 32 devices at 128 x 256 tokens: a device count no band was drawn
+    from (docs/plan.md, "Thirty-two devices, held out")."""
+    rows = _rows(FAMILIES_HELD_OUT_32)
+    assert {r["config"] for r in rows} == {"llama3 h256 2 layers b128 s256", "xlm_roberta h256 2 layers b128 s256"}
+    assert len(rows) == 42 and all(math.prod(_axes(r["mesh"]).values()) == 32 for r in rows)
+    assert all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in rows)
+    assert not _above_the_band_top(rows)
 
 
 def test_two_families_never_compiled_before_exceed_the_top_of_their_band_only_on_whispers_model_8():
