@@ -6,7 +6,7 @@ import jax
 import keras
 from jax.sharding import NamedSharding, PartitionSpec
 
-from kdist.errors import PlanError
+from kdist.errors import PlanError, cause
 from kdist.inspection.inspector import inspect, planned_optimizer
 from kdist.jax_internals import (
     MEMORY_FIELDS,
@@ -72,17 +72,14 @@ def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
     mesh = dist.device_mesh.backend_mesh
     clone = _rebuild(facts)
     x = keras.tree.map_structure(lambda s: jax.ShapeDtypeStruct((batch_size, *s.shape[1:]), s.dtype), facts.inputs)
-    with deferred():  # each output's own length (Whisper's encoder halves its frames), not the sequence given
-        outputs = clone.compute_output_spec(keras.tree.map_structure(lambda s: KerasTensor(s.shape, s.dtype), x))
-    y = keras.tree.map_structure(lambda t: jax.ShapeDtypeStruct(tuple(t.shape[:-1]), "int32"), outputs)
-    loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
     optimizer = planned_optimizer(facts.optimizer)  # its scalars hold values: made outside the deferred scope
-    if clone.dtype_policy.name == "mixed_float16":  # what compile() would wrap it in, inside the deferred scope
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    with deferred():
-        clone.compile(optimizer=optimizer, loss=loss)
-        symbolic_build(clone, (x, y))
-        clone.optimizer.build(clone.trainable_variables)
+    try:
+        y = _build_step(clone, x, optimizer)
+    except Exception as e:  # Keras refusing the model's compiled step (a layer's own code, a loss per output)
+        raise PlanError(
+            f"verify could not build the training step of {clone.name!r} for {candidate.spec}: {cause(e, lines=3)}. "
+            "The estimate does not need it: plan with verify=False, or report the model."
+        ) from None
     specs = {r.path: r.spec for r in inspect(clone, dist).variables}
 
     def sharded(v):
@@ -119,6 +116,22 @@ def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
         "device_kind": devices[0].device_kind,
         **_cost(compiled),
     }
+
+
+def _build_step(clone, x, optimizer):
+    """Compile `clone` with Keras's sparse cross-entropy on every output and build it and its optimizer abstractly
+    for inputs `x`; return the labels' structure."""
+    with deferred():  # each output's own length (Whisper's encoder halves its frames), not the sequence given
+        outputs = clone.compute_output_spec(keras.tree.map_structure(lambda s: KerasTensor(s.shape, s.dtype), x))
+    y = keras.tree.map_structure(lambda t: jax.ShapeDtypeStruct(tuple(t.shape[:-1]), "int32"), outputs)
+    loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
+    if clone.dtype_policy.name == "mixed_float16":  # what compile() would wrap it in, inside the deferred scope
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    with deferred():
+        clone.compile(optimizer=optimizer, loss=loss)
+        symbolic_build(clone, (x, y))
+        clone.optimizer.build(clone.trainable_variables)
+    return y
 
 
 def _cost(compiled):

@@ -199,6 +199,31 @@ def test_verify_labels_each_output_at_its_own_length():
     assert checked.compiled and checked.compiled["peak"] > 0
 
 
+class _ScaledByAFloat(keras.layers.Layer):
+    """A scalar weight whose initializer returns a Python float, as CLIP's head's logit scale does: Keras's abstract
+    build of the compiled step reads it as a float and fails; the planner's trace does not."""
+
+    def build(self, shape):
+        self.scale = self.add_weight(shape=(), initializer=lambda shape, dtype=None: 2.0)
+
+    def call(self, x):
+        return keras.ops.exp(self.scale) * x
+
+    def compute_output_shape(self, shape):
+        return shape
+
+
+def _float_scaled_model():
+    inputs = keras.Input((8,))
+    return keras.Model(inputs, _ScaledByAFloat()(keras.layers.Dense(16)(inputs)))
+
+
+def test_a_step_keras_cannot_build_for_verify_is_a_plan_error_naming_the_mesh():
+    assert kdist.plan(_float_scaled_model, 8, batch_size=64).candidates  # the estimate itself is unaffected
+    with pytest.raises(PlanError, match=r"verify could not build the training step of .* for data=8: RuntimeError"):
+        kdist.plan(_float_scaled_model, 8, batch_size=64, verify=["data=8"])
+
+
 def test_dtype_counts_the_state_in_that_dtype(plans):
     model, result = plans["mlp"]
     half = kdist.plan(model, 8, batch_size=64, dtype="bfloat16")
