@@ -55,7 +55,9 @@ with --models llama3,xlm_roberta,t5,gemma3 --batch 8 --sequence 1024, four at
 --dtype bfloat16, four in bfloat16 throughout, into ..._bfloat16.json; with --width 512,4
 --models llama3,qwen3,xlm_roberta,t5,gemma3,smollm3,electra,bart,deberta_v3,esm, ten at hidden 512 and 4 layers,
 into ..._h512_l4.json, and with --devices 16 --models gemma3,t5 two of them on 16 devices, into
-..._16_h512_l4.json);
+..._16_h512_l4.json; with --devices 32 --batch 128 --models llama3,xlm_roberta, two on 32 devices,
+into ..._32.json); with --families-unseen two families no earlier run compiled (`FAMILIES_UNSEEN`:
+RoFormerV2, Whisper), into planner_vs_deviceless_families_unseen.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
