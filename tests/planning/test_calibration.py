@@ -181,6 +181,11 @@ def test_twelve_held_out_families_never_exceed_the_top_of_their_band():
     assert not _above_the_band_top(rows)
 
 
+def _more_than_5_percent_under(row):
+    """Whether a row breaks the safety rule: its estimate more than 5% under XLA's figure."""
+    return row["estimate"] < 0.95 * row["xla_gpu_deviceless"]
+
+
 def _above_the_band_top(rows):
     """(family, mesh) of the transformer rows whose XLA figure / estimate exceeds the top of their class's band."""
     above = set()
@@ -210,7 +215,7 @@ def test_on_4_devices_the_held_out_families_never_exceed_the_top_of_their_band()
     rows = _rows(FAMILIES_HELD_OUT_4)
     assert len({r["config"] for r in rows}) == 12 and len(rows) == 72
     assert not _above_the_band_top(rows)
-    assert all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in rows)
+    assert not any(_more_than_5_percent_under(r) for r in rows)
 
 
 def test_in_bfloat16_throughout_the_held_out_families_stay_under_the_top_of_the_16_bit_band():
@@ -220,7 +225,7 @@ def test_in_bfloat16_throughout_the_held_out_families_stay_under_the_top_of_the_
     rows = _rows(FAMILIES_HELD_OUT_BFLOAT16)
     assert len({r["config"] for r in rows}) == 4 and len(rows) == 40
     assert all(r["xla_gpu_deviceless"] <= r["estimate"] * MIXED_PRECISION_HIGH for r in rows)
-    under = {(r["config"].split()[0], r["mesh"]) for r in rows if r["estimate"] < 0.95 * r["xla_gpu_deviceless"]}
+    under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
     assert under and all(family == "deberta_v3" and "model" not in mesh for family, mesh in under), under
 
 
@@ -236,7 +241,7 @@ def test_at_hidden_512_and_4_layers_the_held_out_families_keep_the_safety_rule_a
     rows = _rows(FAMILIES_HELD_OUT_H512)
     assert len({r["config"] for r in rows}) == 10 and len(rows) == 100
     assert all(" h512 4 layers " in r["config"] for r in rows)
-    assert all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in rows)
+    assert not any(_more_than_5_percent_under(r) for r in rows)
     assert not _above_the_band_top(rows)
 
 
@@ -246,7 +251,7 @@ def test_on_16_devices_at_hidden_512_gemma_3s_fsdp_is_safe_and_only_t5s_model_ax
     rows = _rows(FAMILIES_HELD_OUT_16_H512)
     assert {r["config"].split()[0] for r in rows} == {"gemma3", "t5"} and len(rows) == 30
     batch_split = [r for r in rows if r["config"].startswith("gemma3") and "model" not in r["mesh"]]  # fsdp, data
-    assert len(batch_split) == 5 and all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in batch_split)
+    assert len(batch_split) == 5 and not any(_more_than_5_percent_under(r) for r in batch_split)
     above = _above_the_band_top(rows)
     assert above == {("t5", m) for m in ("data=4,model=4", "fsdp=4,model=4", "fsdp=2,model=8", "data=2,model=8")}
 
@@ -257,7 +262,7 @@ def test_on_32_devices_two_held_out_families_keep_the_safety_rule_and_their_band
     rows = _rows(FAMILIES_HELD_OUT_32)
     assert {r["config"] for r in rows} == {"llama3 h256 2 layers b128 s256", "xlm_roberta h256 2 layers b128 s256"}
     assert len(rows) == 42 and all(math.prod(_axes(r["mesh"]).values()) == 32 for r in rows)
-    assert all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in rows)
+    assert not any(_more_than_5_percent_under(r) for r in rows)
     assert not _above_the_band_top(rows)
 
 
@@ -268,7 +273,7 @@ def test_two_families_never_compiled_before_exceed_the_top_of_their_band_only_on
     assert {r["config"].split()[0] for r in rows} == {"roformer_v2", "whisper"} and len(rows) == 20
     assert _above_the_band_top(rows) == {("whisper", "model=8")}
     assert all(r["estimate"] >= 0.93 * r["xla_gpu_deviceless"] for r in rows)
-    assert all(r["estimate"] >= 0.95 * r["xla_gpu_deviceless"] for r in rows if "model" not in r["mesh"])
+    assert not any(_more_than_5_percent_under(r) for r in rows if "model" not in r["mesh"])
 
 
 @pytest.mark.parametrize(
