@@ -9,13 +9,14 @@ placement engine all work on `ParallelDims`; a Keras `DeviceMesh` converts
 to it with `ParallelDims.from_device_mesh`.
 """
 
+import collections.abc
 import dataclasses
 import functools
 import math
 import re
 
 from kdist.checks import MAX_DEVICES, is_int, shown
-from kdist.errors import SpecError
+from kdist.errors import ArgumentTypeError, SpecError
 from kdist.meshes.roles import BATCH_ROLES, ROLES, Role, role_of_name
 
 SPEC_FORMS = (
@@ -173,6 +174,13 @@ class ParallelDims:
     @classmethod
     def from_sizes(cls, sizes):
         """From role -> size in mesh-axis order, e.g. {"data": 2, "model": 4}; its spec is "data=2,model=4"."""
+        if not isinstance(sizes, collections.abc.Mapping):
+            raise ArgumentTypeError(
+                "sizes must be a mapping of mesh role to size, e.g. {'data': 2, 'model': 4}; "
+                f"received {shown(sizes)}."
+            )
+        if not sizes:
+            raise SpecError("sizes names no mesh axis; give at least one, e.g. {'data': 8}. Received: {}.")
         return cls(",".join(f"{r}={s}" for r, s in sizes.items()), tuple(sizes.items()))
 
     @classmethod

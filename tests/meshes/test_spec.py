@@ -1,6 +1,6 @@
 import pytest
 
-from kdist import ParallelDims, SpecError
+from kdist import ArgumentTypeError, ParallelDims, SpecError
 
 
 @pytest.mark.parametrize(
@@ -60,3 +60,23 @@ def test_auto_needs_the_planner_inputs():
 def test_non_string_spec():
     with pytest.raises(SpecError, match="must be a string"):
         ParallelDims.parse(8, 8)
+
+
+def test_from_sizes_keeps_the_order_of_the_roles():
+    dims = ParallelDims.from_sizes({"model": 4, "data": 2})
+    assert dims.spec == "model=4,data=2" and dims.shape == (4, 2)
+
+
+@pytest.mark.parametrize(
+    "sizes, error, message",
+    [
+        (None, ArgumentTypeError, "sizes must be a mapping of mesh role to size.*received None"),
+        ([("data", 2)], ArgumentTypeError, r"received \[\('data', 2\)\]"),
+        ({}, SpecError, "names no mesh axis"),
+        ({"data": 0}, SpecError, "received 0 for 'data'"),
+        ({"tensor": 2}, SpecError, "role 'tensor' is not one of"),
+    ],
+)
+def test_from_sizes_rejects_what_is_not_role_sizes(sizes, error, message):
+    with pytest.raises(error, match=message):
+        ParallelDims.from_sizes(sizes)
