@@ -9,7 +9,9 @@ carries each split dimension through the operations that read it.
   a matrix product keeps the splits of its free and batch dimensions and
   drops those it contracts (a partial sum, then an all-reduce or a
   reduce-scatter), a reduction drops the split of a reduced dimension, a
-  reshape, transpose, broadcast or table lookup moves it, an FFT keeps it
+  reshape, transpose, broadcast or table lookup moves it (a dimension a
+  reshape takes apart keeps it on the leading part and, where the axis
+  outnumbers that part, on the next: grouped-query heads), an FFT keeps it
   (XLA transforms a gathered copy and slices its part back:
   `Step.unpartitioned`). Where two operands
   of a matrix product bring one axis on different dimensions the weight's
@@ -102,7 +104,13 @@ def split_axes(step, weight_splits):
             for x in (*p.w, *p.c, *p.a, *p.ct)
             if mapping.get(x) is not None
         }
-        key = (id(p), lo, before, fixed, tuple(sorted((x, tuple(sorted(s.items()))) for x, s in given.items())))
+        key = (
+            id(p),
+            lo,
+            before,
+            fixed,
+            tuple(sorted((x, tuple(sorted(s.items(), key=str))) for x, s in given.items())),
+        )
         if key not in memo:
             memo[key] = _run(p.flat, lo, hi, dict(env), given, fixed)
         env, gathered_here, summed_here = memo[key]
@@ -177,17 +185,28 @@ def _fixed(step, g):
 def factors(splits, shapes, axes, twice=None):
     """Per buffer: the share of it one device holds, its split dimensions divided by `axes` (role -> size).
 
-    A dimension of n split m ways is padded to a multiple of m: a device holds ceil(n / m) of its n.
+    A dimension of n split m ways is padded to a multiple of m: a device holds ceil(n / m) of its n. Where a
+    reshape left the split on a dimension of k < m that k divides, the rest of the axis (m / k ways) splits the
+    dimension after it (its key `(axis, k)`, `_reshape`).
     `twice`: buffer -> axes (`split_axes`'s second result); it counts twice where one of them has several devices.
     """
     twice = twice or {}
     out = [2.0 if any(axes.get(a, 1) > 1 for a in twice.get(g, ())) else 1.0 for g in range(len(splits))]
     for g, s in enumerate(splits):
-        for axis, d in s.items():
-            n, m = shapes[g][d], axes.get(axis, 1)
+        for key, d in s.items():
+            n, m = shapes[g][d], _ways(key, axes)
             if n and m > 1:
                 out[g] *= -(-n // m) / n
     return out
+
+
+def _ways(key, axes):
+    """How many ways `key` splits its dimension on a mesh of `axes`: an axis's size, or the rest of it (`_reshape`)."""
+    if isinstance(key, str):
+        return axes.get(key, 1)
+    axis, major = key
+    m = axes.get(axis, 1)
+    return m // major if m > major and m % major == 0 else 1
 
 
 def _merged(operands):
@@ -287,13 +306,24 @@ def _grouped(dimension_numbers, shapes):
 
 
 def _reshape(split, shape, new_shape):
-    """A split dimension keeps its split where the reshape keeps it leading: same elements before it."""
+    """A split dimension keeps its split where the reshape keeps it leading: same elements before it.
+
+    A dimension taken apart (8 query heads into 2 key/value heads x 4) keeps
+    the split on its leading part; GSPMD splits the next part too when the
+    axis has more devices than the leading part has elements (4 devices: the
+    2 heads and each head's 4 queries 2 ways). That rest is kept under the
+    key `(axis, size of the leading part)`; `factors` says how many ways it splits.
+    """
     starts = {math.prod(new_shape[:e]): e for e in range(len(new_shape)) if new_shape[e] > 1}
     out = {}
-    for axis, d in split.items():
+    for key, d in split.items():
         e = starts.get(math.prod(shape[:d]))
-        if e is not None and (new_shape[e] % shape[d] == 0 or shape[d] % new_shape[e] == 0):
-            out[axis] = e
+        if e is None or (new_shape[e] % shape[d] and shape[d] % new_shape[e]):
+            continue
+        out[key] = e
+        rest = next((r for r in range(e + 1, len(new_shape)) if new_shape[r] > 1), None)
+        if isinstance(key, str) and new_shape[e] < shape[d] and rest is not None:
+            out[(key, new_shape[e])] = rest
     return out
 
 
