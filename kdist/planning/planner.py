@@ -35,7 +35,7 @@ from kdist.planning.ranking import rank
 from kdist.planning.targets import DEFAULT_MARGIN, check_margin, cpu_proxy_note, resolve_target, scheduler_limit
 from kdist.planning.verify import verify as verify_plan
 from kdist.render.progress import steps
-from kdist.units import human_bytes, parse_size
+from kdist.units import human_bytes, human_seconds, parse_size
 
 DEFAULT_BANDWIDTH = 100e9  # bytes/s per device, one direction (about one TPU ICI link or a fraction of NVLink)
 DEFAULT_LATENCY = 10e-6  # seconds per collective step
@@ -162,7 +162,7 @@ def plan(
         bandwidth,
         latency,
         candidates,
-        notes=_notes(facts) + _band_notes(facts, devices, candidates) + list(facts.notes),
+        notes=_notes(facts, bandwidth, latency) + _band_notes(facts, devices, candidates) + list(facts.notes),
         rules=rules,
         target=target.name,
         memory_source=source if memory is not None else "",
@@ -185,14 +185,14 @@ def plan(
     return result
 
 
-def _notes(facts):
-    """What the estimate is for: the target and its calibration, attention and remat."""
+def _notes(facts, bandwidth, latency):
+    """What the estimate is for: the target and its calibration, attention, step time and remat."""
     target = facts.target
     calibration = "" if target.calibrated else "; not calibrated on this platform: no band"
     notes = [f"estimated for {target.name} (XLA:{target.platform.upper()} buffer rules{calibration})"]
     if facts.traced is not None and facts.traced.attention != "none":
         notes.append(f"attention traced {facts.traced.attention}" + _attention_why(facts))
-    notes.append(_step_time_note(facts))
+    notes.append(_step_time_note(facts, bandwidth, latency))
     if facts.remat:
         notes.append(
             "remat: each layer's forward is recomputed in the backward pass, about +33% compute per step (a "
@@ -249,8 +249,8 @@ def _scheduler_fit_notes(result, target):
     ]
 
 
-def _step_time_note(facts):
-    """What the step-time estimate assumes, or why there is none."""
+def _step_time_note(facts, bandwidth, latency):
+    """What the step-time estimate assumes (`bandwidth` bytes/s, `latency` s per collective), or why there is none."""
     target = facts.target
     if facts.traced is None:
         return "no step-time estimate without a traced step: ranked by estimated communication"
@@ -263,7 +263,8 @@ def _step_time_note(facts):
     (low, high), (short_low, short_high) = MEASURED_STEP, MEASURED_SHORT_STEP
     return (
         f"step times are estimates, not measurements: compute at the roofline of {target.peaks_kind}{assumed} "
-        f"({target.peaks[2]}), communication at bandwidth= per device; gradient reductions overlap the backward "
+        f"({target.peaks[2]}), communication at {bandwidth / 1e9:.3g} GB/s per device and {human_seconds(latency)} "
+        "per collective step (bandwidth=, latency=); gradient reductions overlap the backward "
         "pass, fsdp gathers are prefetched one weight ahead, model/expert collectives are exposed (docs/plan.md, "
         f'"Step time"). The roofline is a lower bound: on one H100, measured steps took {low:.2f}-{high:.2f}x the '
         f"estimate where it was {SHORT_STEP * 1e3:.0f} ms or more, and {short_low:.2f}-{short_high:.2f}x where less "

@@ -87,6 +87,13 @@ def test_alpha_beta_cost_of_the_data_all_reduce(plans):
     assert c.comm["data"]["seconds"] == pytest.approx(expected)
 
 
+def test_the_step_time_note_says_which_bandwidth_and_latency_the_communication_assumes(plans):
+    model, default = plans["mlp"]
+    assert any("communication at 100 GB/s per device and 0.01 ms per collective step" in n for n in default.notes)
+    slower = kdist.plan(model, 8, batch_size=64, bandwidth="25GB/s", latency=2e-5)
+    assert any("communication at 25 GB/s per device and 0.02 ms per collective step" in n for n in slower.notes)
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [
