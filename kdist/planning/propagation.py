@@ -321,9 +321,10 @@ def _reshape(split, shape, new_shape):
         if e is None or (new_shape[e] % shape[d] and shape[d] % new_shape[e]):
             continue
         out[key] = e
-        rest = next((r for r in range(e + 1, len(new_shape)) if new_shape[r] > 1), None)
-        if isinstance(key, str) and new_shape[e] < shape[d] and rest is not None:
-            out[(key, new_shape[e])] = rest
+        if isinstance(key, str) and new_shape[e] < shape[d]:  # taken apart: the rest on the next part
+            rest = next((r for r in range(e + 1, len(new_shape)) if new_shape[r] > 1), None)
+            if rest is not None:
+                out[(key, new_shape[e])] = rest
     return out
 
 
