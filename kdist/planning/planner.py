@@ -171,7 +171,7 @@ def plan(
         remat=remat,
     )
     rank(result, facts)
-    result.notes += _scheduler_fit_notes(result, facts.target)
+    result.notes += _scheduler_fit_notes(result, facts.target) + _band_fit_notes(result)
     if verify:
         chosen = None if verify is True else verify
         devices = gpu_devices(verify_target, result.devices) if verify_target is not None else None
@@ -246,6 +246,22 @@ def _scheduler_fit_notes(result, target):
         f"to {LHS_HIGH - 1:.0%} over it, and its latency-hiding scheduler may fill up to {human_bytes(limit)} of "
         f"{target.name} (95% of 80% of its memory), past memory_per_device ({human_bytes(memory)}): a larger margin= "
         'leaves them out (docs/plan.md, "What the latency-hiding scheduler adds")'
+    ]
+
+
+def _band_fit_notes(result):
+    """The fitting meshes whose band reaches past memory_per_device: on configs like them the truth would not fit."""
+    memory = result.memory_per_device
+    if memory is None:
+        return []
+    past = [c for c in result.candidates if c.valid and c.fits and c.band and c.band[1] > memory]
+    if not past:
+        return []
+    listed = ", ".join(f"{c.spec} (up to {human_bytes(c.band[1])})" for c in past)
+    return [
+        f"fit: {listed} fit by the estimate, but their bands reach past memory_per_device ({human_bytes(memory)}): "
+        "on configs like them the truth came to that much over the estimate (the notes on bands say which); a "
+        "larger margin= leaves them out"
     ]
 
 

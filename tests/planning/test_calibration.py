@@ -363,6 +363,29 @@ def test_a_plan_says_what_the_latency_hiding_scheduler_adds_when_a_mesh_has_coll
     assert not any(lhs in note for note in kdist.plan(model, 8, batch_size=16, target="cpu").notes)
 
 
+def test_a_plan_names_the_fitting_meshes_whose_band_reaches_past_the_memory():
+    """A mesh that fits by the estimate but not by its band's top: on configs like it the truth would not fit."""
+    model = kdist.abstract_model(tiny_transformer)
+    peak = min(c.peak for c in kdist.plan(model, 8, batch_size=16, target="H100").candidates if c.valid)
+
+    def flagged(memory, **options):
+        result = kdist.plan(model, 8, batch_size=16, target="H100", memory_per_device=memory, margin=0, **options)
+        notes = [n for n in result.notes if "bands reach past memory_per_device" in n]
+        past = {c.spec for c in result.candidates if c.valid and c.fits and c.band[1] > memory}
+        return notes, past, result
+
+    notes, past, result = flagged(int(peak * 1.05))
+    assert past and len(notes) == 1 and all(f"{spec} (up to " in notes[0] for spec in past)
+    assert not any(f"{c.spec} (up to " in notes[0] for c in result.candidates if c.spec not in past)
+    assert "a larger margin= leaves them out" in notes[0]
+    top = max(c.band[1] for c in result.candidates if c.valid)
+    assert flagged(top)[0] == []  # every band inside the memory
+    assert flagged(int(peak * 0.5))[0] == []  # nothing fits: nothing to warn about
+    no_memory = kdist.plan(model, 8, batch_size=16, target="gpu")
+    assert no_memory.memory_per_device is None
+    assert not any("bands reach past" in n for n in no_memory.notes)
+
+
 def test_a_plan_names_the_fitting_meshes_the_latency_hiding_scheduler_could_carry_past_the_memory():
     """XLA came up to LHS_HIGH over the estimate, under the LHS's limit (95% of 80% of the device): above JAX's 75%."""
     model = kdist.abstract_model(tiny_transformer)
@@ -370,7 +393,7 @@ def test_a_plan_names_the_fitting_meshes_the_latency_hiding_scheduler_could_carr
 
     def flagged(memory, devices=8, target="H100", batch_size=16):
         result = kdist.plan(model, devices, batch_size=batch_size, target=target, memory_per_device=memory, margin=0)
-        notes = [n for n in result.notes if n.startswith("fit: ")]
+        notes = [n for n in result.notes if "latency-hiding scheduler may fill" in n]
         close = {c.spec for c in result.candidates if c.fits and c.peak * LHS_HIGH > memory}
         return notes, close
 
