@@ -250,7 +250,7 @@ def _scheduler_fit_notes(result, target):
 
 
 def _band_fit_notes(result):
-    """The fitting meshes whose band reaches past memory_per_device: on configs like them the truth would not fit."""
+    """The fitting meshes whose band reaches past memory_per_device: on configs like them the truth might not fit."""
     memory = result.memory_per_device
     if memory is None:
         return []

@@ -368,8 +368,8 @@ def test_a_plan_names_the_fitting_meshes_whose_band_reaches_past_the_memory():
     model = kdist.abstract_model(tiny_transformer)
     peak = min(c.peak for c in kdist.plan(model, 8, batch_size=16, target="H100").candidates if c.valid)
 
-    def flagged(memory, **options):
-        result = kdist.plan(model, 8, batch_size=16, target="H100", memory_per_device=memory, margin=0, **options)
+    def flagged(memory):
+        result = kdist.plan(model, 8, batch_size=16, target="H100", memory_per_device=memory, margin=0)
         notes = [n for n in result.notes if "bands reach past memory_per_device" in n]
         past = {c.spec for c in result.candidates if c.valid and c.fits and c.band[1] > memory}
         return notes, past, result
