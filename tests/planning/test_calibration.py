@@ -364,7 +364,7 @@ def test_a_plan_says_what_the_latency_hiding_scheduler_adds_when_a_mesh_has_coll
 
 
 def test_a_plan_names_the_fitting_meshes_whose_band_reaches_past_the_memory():
-    """A mesh that fits by the estimate but not by its band's top: on configs like it the truth would not fit."""
+    """A mesh that fits by the estimate but not by its band's top: on configs like it the truth might not fit."""
     model = kdist.abstract_model(tiny_transformer)
     peak = min(c.peak for c in kdist.plan(model, 8, batch_size=16, target="H100").candidates if c.valid)
 
