@@ -80,17 +80,39 @@ def deferred():
     attribute "uninitialized_variables"), so a later top-level
     `StatelessScope` (Keras opens them while training) does not allocate
     them behind your back. Yields a list that holds those variables once the block ends.
+
+    While tracing, Keras reads such a variable's value from its initializer
+    (`_initializer`), as the initializer returns it. Each is wrapped, as the
+    variable is registered on that list, to return an array of the variable's
+    dtype: an initializer returning a Python number (keras-hub's CLIPHead:
+    `lambda *a, **kw: math.log(1 / 0.07)`) then traces as Keras would have
+    initialised it.
     """
-    pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
-    before = len(pending)
+    outer = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+    before = len(outer)
     created = []  # yielded: the variables made inside, filled in when the block ends
+    global_state.set_global_attribute("uninitialized_variables", _Registered(outer))
     try:
         with keras.StatelessScope(initialize_variables=False):
             yield created
     finally:
         pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
         created.extend(pending[before:])
-        del pending[before:]
+        outer[:] = pending[:before]
+        global_state.set_global_attribute("uninitialized_variables", outer)
+
+
+class _Registered(list):
+    """Keras's list of variables without values, whose initializers are made to return arrays as they join it."""
+
+    def append(self, variable):
+        initializer = variable._initializer
+
+        def initialize(shape, dtype=None):
+            return keras.ops.convert_to_tensor(initializer(shape, dtype=dtype), dtype=dtype)
+
+        variable._initializer = initialize
+        super().append(variable)
 
 
 def array_of(variable):

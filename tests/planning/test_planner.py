@@ -9,6 +9,7 @@ from kdist import PlanError, SpecError
 from kdist.errors import SizeError
 from kdist.meshes import meshes
 from kdist.models import mnist_mlp, tiny_transformer
+from kdist.planning import verify
 from kdist.units import human_bytes, parse_size
 
 
@@ -207,8 +208,7 @@ def test_verify_labels_each_output_at_its_own_length():
 
 
 class _ScaledByAFloat(keras.layers.Layer):
-    """A scalar weight whose initializer returns a Python float, as CLIP's head's logit scale does: Keras's abstract
-    build of the compiled step reads it as a float and fails; the planner's trace does not."""
+    """A scalar weight whose initializer returns a Python float, as CLIP's head's logit scale does."""
 
     def build(self, shape):
         self.scale = self.add_weight(shape=(), initializer=lambda shape, dtype=None: 2.0)
@@ -225,7 +225,18 @@ def _float_scaled_model():
     return keras.Model(inputs, _ScaledByAFloat()(keras.layers.Dense(16)(inputs)))
 
 
-def test_a_step_keras_cannot_build_for_verify_is_a_plan_error_naming_the_mesh():
+def test_verify_compiles_a_step_whose_weight_a_python_float_initializes():
+    """Keras's abstract build of the compiled step reads such a weight from its initializer; `deferred()` makes
+    that an array (it failed as a float before)."""
+    checked = kdist.plan(_float_scaled_model, 8, batch_size=64, verify=["data=8"]).candidate("data=8")
+    assert checked.compiled and checked.compiled["peak"] > 0
+
+
+def test_a_step_keras_cannot_build_for_verify_is_a_plan_error_naming_the_mesh(monkeypatch):
+    def refuse(model, batch):
+        raise RuntimeError("Unable to automatically build the model.")
+
+    monkeypatch.setattr(verify, "symbolic_build", refuse)
     assert kdist.plan(_float_scaled_model, 8, batch_size=64).candidates  # the estimate itself is unaffected
     with pytest.raises(PlanError, match=r"verify could not build the training step of .* for data=8: RuntimeError"):
         kdist.plan(_float_scaled_model, 8, batch_size=64, verify=["data=8"])
