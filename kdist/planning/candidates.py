@@ -6,6 +6,7 @@ from kdist.meshes.enumerate import spec_of
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.calibration import (
     FUSED_GPU_HIGH,
+    GEMM_WORKSPACE,
     LONG_SPAN_KERNELS,
     LONG_SPAN_LOW,
     MIXED_PRECISION_HIGH,
@@ -95,4 +96,5 @@ def band(facts, axes, peak):
             f"experts on {where}: XLA's expert layers there are not modelled (kdist's tiny mixture-of-experts "
             f"configs compiled for 8 H100s came to up to {moe_high:.2f}x the estimate), so the band reaches that"
         )
-    return (int(peak * low), int(peak * high)), cls.name, "; ".join(reasons)
+    workspace = GEMM_WORKSPACE if facts.target.platform == "gpu" else 0
+    return (int(peak * low), int(peak * high) + workspace), cls.name, "; ".join(reasons)

@@ -25,7 +25,8 @@ class Candidate:
     inspector's bytes), of which only `live_gradients`
     exist at the peak. `band` is (low, high) bytes: the peak times the spread
     of truth / estimate on configs like this one (`band_class`, e.g.
-    "fsdp transformers": `kdist.planning.calibration.BANDS`), widened where
+    "fsdp transformers": `kdist.planning.calibration.BANDS`), the top plus
+    XLA:GPU's cuBLAS workspace (`GEMM_WORKSPACE`), widened where
     the estimate is unsure, or None; `band_why` says why it is wider or
     absent. `comm` maps each
     mesh axis to `{"size", "collectives": [{"kind", "of", "bytes", "count",

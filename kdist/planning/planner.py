@@ -20,6 +20,7 @@ from kdist.planning.attention import ATTENTION
 from kdist.planning.calibration import (
     AUTOTUNED_HIGH,
     BANDS,
+    GEMM_WORKSPACE,
     LHS_HIGH,
     LHS_RESULTS,
     MEASURED_RESULTS,
@@ -212,7 +213,8 @@ def _band_notes(facts, devices, candidates):
         spreads = ", ".join(f"{b.name} {b.low - 1:+.0%}/{b.high - 1:+.0%}" for b in classes)
         notes.append(
             f"band: the truth fell within these of the estimate on configs like each mesh (H100, measured or "
-            f"XLA:GPU's figure; kdist.planning.calibration.BANDS): {spreads}"
+            f"XLA:GPU's figure; kdist.planning.calibration.BANDS): {spreads}; each top plus the "
+            f"{GEMM_WORKSPACE / 2**20:g} MiB workspace XLA:GPU gives a cuBLAS GEMM, which the estimate leaves out"
         )
         notes.append(
             f"band: the estimate follows XLA:GPU's compile without a GPU; on one H100 under XLA's default flags "

@@ -7,6 +7,7 @@ import kdist
 from kdist.errors import MissingDependencyError
 from kdist.jax_internals import cuda_plugin_installed
 from kdist.models import mnist_mlp
+from kdist.planning.calibration import GEMM_WORKSPACE
 from kdist.rules import KERAS_CORE, Rule, RuleSet
 
 needs_plugin = pytest.mark.skipif(not cuda_plugin_installed(), reason="jax's CUDA PJRT plugin is not installed")
@@ -26,6 +27,17 @@ def test_verify_compiles_for_an_h100_without_one():
     assert 1.0 <= c.ratio <= 1.35, (c.peak, figures)
     assert 1.0 <= result.candidate("data=2").ratio <= 1.35
     assert not any("CPU proxy" in note for note in result.notes)
+
+
+@needs_plugin
+def test_a_band_reaches_the_cublas_workspace_that_is_most_of_a_small_step():
+    """At batch 64 the MNIST MLP's step is a few MB, and XLA:GPU's 4 MiB cuBLAS workspace, which the estimate leaves
+    out, is most of what it compiles over the estimate: above the class's top, inside the band that adds it."""
+    result = kdist.plan(mnist_mlp, 2, batch_size=64, verify=["data=2", "fsdp=2"], verify_target="H100")
+    for spec in ("data=2", "fsdp=2"):
+        c = result.candidate(spec)
+        assert c.band[1] - GEMM_WORKSPACE < c.compiled["peak"] <= c.band[1], (spec, c.peak, c.band, c.compiled)
+    assert "each top plus the 4 MiB workspace XLA:GPU gives a cuBLAS GEMM" in "\n".join(result.notes)
 
 
 @pytest.mark.skipif(cuda_plugin_installed(), reason="checks the message given without the plugin")
