@@ -188,26 +188,24 @@ def _more_than_5_percent_under(row):
 
 
 def _above_the_band_top(rows):
-    """(family, mesh) of the transformer rows whose XLA figure / estimate exceeds the top of their class's band."""
+    """(family, mesh) of the transformer rows whose XLA figure exceeds the top of their band: the estimate times
+    their class's top, plus the cuBLAS workspace."""
     above = set()
     for r in rows:
         band, why = band_class(_axes(r["mesh"]), "transformer")
         assert not why, (r["config"], r["mesh"])
-        if r["xla_gpu_deviceless"] / r["estimate"] > band.high:
+        if r["xla_gpu_deviceless"] > r["estimate"] * band.high + GEMM_WORKSPACE:
             above.add((r["config"].split()[0], r["mesh"]))
     return above
 
 
-def test_on_16_devices_only_gemma_3s_fsdp_and_t5s_model_axis_meshes_exceed_the_top_of_their_band():
+def test_on_16_devices_only_t5s_model_8_meshes_exceed_the_top_of_their_band():
     """Four held-out families on 16 devices (`--families-held-out --devices 16`): the rows above their band's top,
-    the unsafe side, are the known limits of docs/plan.md ("Sixteen devices"), and nothing else."""
+    the unsafe side, are T5's model=8 meshes, a known limit of docs/plan.md ("Sixteen devices"), and nothing else
+    (Gemma 3's fsdp meshes came inside when the band's top took the cuBLAS workspace)."""
     rows = _rows(FAMILIES_HELD_OUT_16)
     assert len({r["config"] for r in rows}) == 4 and len(rows) == 60
-    above = _above_the_band_top(rows)
-    assert above and all(
-        (family == "gemma3" and "model" not in mesh and "fsdp" in mesh) or (family == "t5" and "model=" in mesh)
-        for family, mesh in above
-    ), above
+    assert _above_the_band_top(rows) == {("t5", "fsdp=2,model=8"), ("t5", "data=2,model=8")}
 
 
 def test_on_4_devices_the_held_out_families_never_exceed_the_top_of_their_band():
@@ -273,12 +271,15 @@ def test_on_32_devices_two_held_out_families_keep_the_safety_rule_and_their_band
     assert not _above_the_band_top(rows)
 
 
-def test_two_families_never_compiled_before_exceed_the_top_of_their_band_only_on_whispers_model_8():
-    """RoFormerV2 and Whisper (`--families-unseen`): Whisper's model=8 is 0.934, 0.05% above the model-axis band's
-    top, where XLA's heap fragmentation weighs (docs/plan.md, "Two families never compiled before")."""
+def test_two_families_never_compiled_before_stay_under_the_top_of_their_band():
+    """RoFormerV2 and Whisper (`--families-unseen`): Whisper's model=8 is 0.934, 0.05% above the model-axis class's
+    top, where XLA's heap fragmentation weighs, and inside the band with the cuBLAS workspace (docs/plan.md, "Two
+    families never compiled before")."""
     rows = _rows(FAMILIES_UNSEEN)
     assert {r["config"].split()[0] for r in rows} == {"roformer_v2", "whisper"} and len(rows) == 20
-    assert _above_the_band_top(rows) == {("whisper", "model=8")}
+    assert not _above_the_band_top(rows)
+    whisper8 = next(r for r in rows if r["config"].startswith("whisper") and r["mesh"] == "model=8")
+    assert whisper8["xla_gpu_deviceless"] / whisper8["estimate"] > band_class({"model": 8}, "transformer")[0].high
     assert all(r["estimate"] >= 0.93 * r["xla_gpu_deviceless"] for r in rows)
     assert not any(_more_than_5_percent_under(r) for r in rows if "model" not in r["mesh"])
 
