@@ -22,7 +22,8 @@ from kdist.distribution import ShardedDistribution, layout_axes
 from kdist.errors import ArgumentError, ArgumentTypeError, ModelError
 from kdist.inspection.device_grid import DeviceGrid
 from kdist.inspection.report import ShardingReport, VariableReport
-from kdist.keras_internals import array_of, layout_map_of, new_optimizer, own_layout, plan_optimizer, slot_references
+from kdist.keras_internals import array_of, layout_map_of, own_layout
+from kdist.keras_internals.optimizers import new_optimizer, plan_optimizer, slot_references
 from kdist.meshes.layout import check_layout, full_spec, replication, shard_shape
 from kdist.meshes.spec import ParallelDims
 from kdist.model_state import check_model, state_variables

@@ -8,16 +8,8 @@ import keras
 from kdist.checks import shown
 from kdist.errors import ArgumentError, ArgumentTypeError, KdistError, ModelError, PlanError, cause
 from kdist.inspection.inspector import planned_optimizer
-from kdist.keras_internals import (
-    array_of,
-    deferred,
-    input_struct,
-    layers,
-    output_struct,
-    plan_optimizer,
-    set_path,
-    state_owners,
-)
+from kdist.keras_internals import array_of, deferred, input_struct, layers, output_struct, set_path
+from kdist.keras_internals.optimizers import plan_optimizer, state_owners
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.step import compute_dtype, trace_step
 from kdist.planning.trace import TRACE_BATCH

@@ -22,7 +22,8 @@ from keras.distribution import TensorLayout
 from kdist.checks import shown
 from kdist.devices import device_name
 from kdist.errors import ArgumentTypeError, ModelError, ReshardError, RuleError
-from kdist.keras_internals import array_of, forget_compiled_functions, set_array, slot_references
+from kdist.keras_internals import array_of, forget_compiled_functions, set_array
+from kdist.keras_internals.optimizers import slot_references
 from kdist.meshes.layout import spec_json
 from kdist.model_state import check_model, state_variables
 from kdist.presets import build_preset
