@@ -96,5 +96,4 @@ def band(facts, axes, peak):
             f"experts on {where}: XLA's expert layers there are not modelled (kdist's tiny mixture-of-experts "
             f"configs compiled for 8 H100s came to up to {moe_high:.2f}x the estimate), so the band reaches that"
         )
-    workspace = GEMM_WORKSPACE if facts.target.platform == "gpu" else 0
-    return (int(peak * low), int(peak * high) + workspace), cls.name, "; ".join(reasons)
+    return (int(peak * low), int(peak * high) + GEMM_WORKSPACE), cls.name, "; ".join(reasons)  # calibrated: a GPU
