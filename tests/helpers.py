@@ -1,4 +1,5 @@
-"""Shared test helpers: training a model for a few steps and reading its losses."""
+"""Shared test helpers: training a model for a few steps and reading its losses; a model whose weight starts as a
+Python float."""
 
 import keras
 import numpy as np
@@ -38,3 +39,19 @@ def raises_clearly(call, error, *words):
     )
     for word in words:
         assert word in str(caught.value), f"{word!r} not in: {caught.value}"
+
+
+class ScaledByAFloat(keras.layers.Layer):
+    """A scalar weight whose initializer returns a Python float, as keras-hub's CLIPHead's logit scale does."""
+
+    def build(self, shape):
+        self.scale = self.add_weight(shape=(), initializer=lambda shape, dtype=None: 2.0)
+
+    def call(self, x):  # no compute_output_shape: Keras traces the call, reading the weight, to build a model
+        return keras.ops.exp(self.scale) * x
+
+
+def float_scaled_model():
+    """A Dense layer of 16 on 8 inputs, scaled by `ScaledByAFloat`."""
+    inputs = keras.Input((8,))
+    return keras.Model(inputs, ScaledByAFloat()(keras.layers.Dense(16)(inputs)))

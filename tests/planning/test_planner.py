@@ -11,6 +11,7 @@ from kdist.meshes import meshes
 from kdist.models import mnist_mlp, tiny_transformer
 from kdist.planning import verify
 from kdist.units import human_bytes, parse_size
+from tests.helpers import float_scaled_model
 
 
 def _tiny_llama():
@@ -207,28 +208,10 @@ def test_verify_labels_each_output_at_its_own_length():
     assert checked.compiled and checked.compiled["peak"] > 0
 
 
-class _ScaledByAFloat(keras.layers.Layer):
-    """A scalar weight whose initializer returns a Python float, as CLIP's head's logit scale does."""
-
-    def build(self, shape):
-        self.scale = self.add_weight(shape=(), initializer=lambda shape, dtype=None: 2.0)
-
-    def call(self, x):
-        return keras.ops.exp(self.scale) * x
-
-    def compute_output_shape(self, shape):
-        return shape
-
-
-def _float_scaled_model():
-    inputs = keras.Input((8,))
-    return keras.Model(inputs, _ScaledByAFloat()(keras.layers.Dense(16)(inputs)))
-
-
 def test_verify_compiles_a_step_whose_weight_a_python_float_initializes():
     """Keras's abstract build of the compiled step reads such a weight from its initializer; `deferred()` makes
     that an array (it failed as a float before)."""
-    checked = kdist.plan(_float_scaled_model, 8, batch_size=64, verify=["data=8"]).candidate("data=8")
+    checked = kdist.plan(float_scaled_model, 8, batch_size=64, verify=["data=8"]).candidate("data=8")
     assert checked.compiled and checked.compiled["peak"] > 0
 
 
@@ -237,9 +220,9 @@ def test_a_step_keras_cannot_build_for_verify_is_a_plan_error_naming_the_mesh(mo
         raise RuntimeError("Unable to automatically build the model.")
 
     monkeypatch.setattr(verify, "symbolic_build", refuse)
-    assert kdist.plan(_float_scaled_model, 8, batch_size=64).candidates  # the estimate itself is unaffected
+    assert kdist.plan(float_scaled_model, 8, batch_size=64).candidates  # the estimate itself is unaffected
     with pytest.raises(PlanError, match=r"verify could not build the training step of .* for data=8: RuntimeError"):
-        kdist.plan(_float_scaled_model, 8, batch_size=64, verify=["data=8"])
+        kdist.plan(float_scaled_model, 8, batch_size=64, verify=["data=8"])
 
 
 def test_dtype_counts_the_state_in_that_dtype(plans):
