@@ -179,6 +179,9 @@ SelectTypeParameters=CR_CPU
 MpiDefault=none
 ReturnToService=2
 KillWait=5
+# sbatch --wait polls for the job's end at 2 s, then 4x longer while under a third of MinJobAge: with 6 it
+# keeps to 2 s (the default, 300, slept 2 + 8 + 32 s for a 20 s job).
+MinJobAge=6
 SlurmdParameters=config_overrides
 NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
