@@ -124,8 +124,11 @@ def analyse(p, rules):
             producer[o] = i
         for x in ins:
             consumers[x].append(i)
-    kinds = [_kind(prim) for prim, _, _ in f.eqns]
     external = set(p.w) | set(p.c) | set(p.a) | set(p.ct)
+    kinds = [_kind(prim) for prim, _, _ in f.eqns]
+    for i, (prim, ins, _) in enumerate(f.eqns):
+        if prim == "dynamic_update_slice" and _pads(ins, f, producer, external):
+            kinds[i] = "elementwise"
     always, conditional = set(p.gw), set(p.out) | set(p.ga)
 
     def readers_of(x):
@@ -216,6 +219,25 @@ def _normalized_operands(i, used, f, producer, kinds, roots, reach):
             reduced |= sources
             todo.extend(b for b in sources if reach[b] == {j})
     return reduced & set(used)
+
+
+def _pads(ins, f, producer, external):
+    """Whether a dynamic_update_slice is a pad: it writes into a broadcast scalar at constant start indices.
+
+    XLA's algebraic simplifier rewrites it so (the backward of `ops.slice`:
+    XLNet's relative shift, "Which values are buffers" in docs/plan.md), and a
+    pad fuses into its readers like any elementwise operation.
+    """
+
+    def constant(x):
+        i = producer[x]
+        return x not in external and (i is None or all(constant(y) for y in f.eqns[i][1]))
+
+    if len(ins) < 2:  # a literal operand or update
+        return False
+    operand, _, *starts = ins
+    i = producer[operand]
+    return i is not None and f.eqns[i][0] == "broadcast_in_dim" and all(constant(y) for y in (*f.eqns[i][1], *starts))
 
 
 def _kind(prim):

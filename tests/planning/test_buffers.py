@@ -85,3 +85,25 @@ def test_a_16_bit_exp_read_by_two_kernels_is_written_once_on_a_gpu():
     assert not _exp_kept(jnp.float32)
     assert _exp_kept(jnp.bfloat16)
     assert _exp_kept(jnp.float16)
+
+
+def _slice_gradient(start):
+    """The analysed `dynamic_slice(x, start) @ v`: x's gradient is a dynamic_update_slice into zeros."""
+    x, v = jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((32, 16), jnp.float32)
+    offset = jax.ShapeDtypeStruct((), jnp.int32)
+
+    def fn(trainable, diff, const):
+        first = 1 if start == "constant" else const[1]
+        return [jax.lax.dynamic_slice(diff[0], (first, 0), (63, 32)) @ const[0]]
+
+    p = buffers.analyse(trace.trace_program(fn, [], [v, offset], [x]), buffers.Rules())
+    (i,) = [i for i, (prim, _, _) in enumerate(p.flat.eqns) if prim == "dynamic_update_slice"]
+    (zeros,) = [x for x in p.flat.eqns[i][1][:1]]
+    return p.kinds[i], p.mat[zeros]
+
+
+def test_a_slices_gradient_at_constant_starts_is_a_pad_that_fuses():
+    """XLA rewrites a dynamic_update_slice into broadcast zeros at constant starts as a pad (XLNet's relative
+    shift: `ops.slice`), fused into its reader; at a start only known at run time it stays a kernel of its own."""
+    assert _slice_gradient("constant") == ("elementwise", False)
+    assert _slice_gradient("run time") == ("kernel", True)
