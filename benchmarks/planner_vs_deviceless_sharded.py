@@ -57,7 +57,9 @@ with --models llama3,xlm_roberta,t5,gemma3 --batch 8 --sequence 1024, four at
 into ..._h512_l4.json, and with --devices 16 --models gemma3,t5 two of them on 16 devices, into
 ..._16_h512_l4.json; with --devices 32 --batch 128 --models llama3,xlm_roberta, two on 32 devices,
 into ..._32.json); with --families-unseen two families no earlier run compiled (`FAMILIES_UNSEEN`:
-RoFormerV2, Whisper), into planner_vs_deviceless_families_unseen.json;
+RoFormerV2, Whisper), into planner_vs_deviceless_families_unseen.json; with --outside-zoo six keras-hub backbones
+kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
+planner_vs_deviceless_outside_zoo.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -272,6 +274,71 @@ FAMILIES_UNSEEN = _widened(
     },
 )
 
+# Outside the zoo: six keras-hub backbones kdist.zoo does not have (so no rule set of their own: kdist's default rules
+# place them), at the widths above (hidden 256, MLP 1024, 2 layers or stages; 64 x 64 images), batch 32 x 256 tokens or
+# 32 images. `--outside-zoo` plans and compiles these into planner_vs_deviceless_outside_zoo.json.
+FAMILIES_OUTSIDE_ZOO = [
+    (
+        "xlnet h256 2 layers b32 s256",
+        "XLNetBackbone",
+        dict(vocabulary_size=4096, num_layers=2, num_heads=8, hidden_dim=256, intermediate_dim=1024),
+        32,
+        256,
+    ),
+    (
+        "esm2 h256 2 layers b32 s256",
+        "ESM2Backbone",
+        dict(
+            vocabulary_size=64,
+            num_layers=2,
+            num_heads=8,
+            hidden_dim=256,
+            intermediate_dim=1024,
+            max_sequence_length=256,
+        ),
+        32,
+        256,
+    ),
+    (
+        "edrec h256 2+2 layers b32 s256",
+        "EdRecBackbone",
+        dict(vocab_size=4096, num_layers_enc=2, num_layers_dec=2, hidden_dim=256, intermediate_dim=1024, num_heads=8),
+        32,
+        256,
+    ),
+    (
+        "rwkv7 h256 2 layers b32 s256",
+        "RWKV7Backbone",
+        dict(
+            hidden_size=256,
+            head_size=32,
+            num_layers=2,
+            vocabulary_size=4096,
+            intermediate_dim=1024,
+            gate_lora=32,
+            mv_lora=16,
+            aaa_lora=16,
+            decay_lora=16,
+        ),
+        32,
+        256,
+    ),
+    (
+        "dinov3 h256 2 layers p8 64 b32",
+        "DINOV3Backbone",
+        dict(patch_size=8, num_layers=2, hidden_dim=256, num_heads=8, intermediate_dim=1024, image_shape=(64, 64, 3)),
+        32,
+        None,
+    ),
+    (
+        "swin e64 2+2 blocks w4 64 b32",
+        "SwinTransformerBackbone",
+        dict(image_shape=(64, 64, 3), embed_dim=64, depths=(2, 2), num_heads=(2, 4), window_size=4),
+        32,
+        None,
+    ),
+]
+
 # A sublayer whose backward runs far more kernels than any above: Qwen3.5's gated delta net (a 63-step correction loop
 # per chunk, about 500 kernels in its backward against at most 33 in the configs the bands are drawn from).
 # `--long-spans` plans and compiles it into planner_vs_deviceless_long_spans.json (`calibration.LONG_SPAN_LOW`).
@@ -326,7 +393,7 @@ def config_named(model):
     """The first entry of the config lists above (CONFIGS ... CNNS_HELD_OUT) whose label begins with `model`'s words."""
     words = model.split()
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
-    every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + FAMILIES_UNSEEN
+    every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -363,6 +430,9 @@ def main():
     parser.add_argument(
         "--families-unseen", action="store_true", help="two families no earlier run compiled (FAMILIES_UNSEEN) instead"
     )
+    parser.add_argument(
+        "--outside-zoo", action="store_true", help="six keras-hub backbones outside kdist.zoo (FAMILIES_OUTSIDE_ZOO)"
+    )
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
     parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
@@ -384,6 +454,8 @@ def main():
         configs, name = FAMILIES_HELD_OUT, "families_held_out"
     elif args.families_unseen:
         configs, name = FAMILIES_UNSEEN, "families_unseen"
+    elif args.outside_zoo:
+        configs, name = FAMILIES_OUTSIDE_ZOO, "outside_zoo"
     elif args.cnns:
         configs, name = CNNS, "cnns"
     elif args.long_spans:
