@@ -179,8 +179,8 @@ SelectTypeParameters=CR_CPU
 MpiDefault=none
 ReturnToService=2
 KillWait=5
-# sbatch --wait polls for the job's end at 2 s, then 4x longer while under a third of MinJobAge: with 6 it
-# keeps to 2 s (the default, 300, slept 2 + 8 + 32 s for a 20 s job).
+# sbatch --wait polls for the job's end every 2 s at first, longer and longer while MinJobAge allows: with the
+# default (300) the sbatch test took 42 s for a job of about 18 s, with 6 it takes 18 s.
 MinJobAge=6
 SlurmdParameters=config_overrides
 NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN

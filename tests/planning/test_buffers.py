@@ -98,7 +98,7 @@ def _slice_gradient(start):
 
     p = buffers.analyse(trace.trace_program(fn, [], [v, offset], [x]), buffers.Rules())
     (i,) = [i for i, (prim, _, _) in enumerate(p.flat.eqns) if prim == "dynamic_update_slice"]
-    (zeros,) = [x for x in p.flat.eqns[i][1][:1]]
+    zeros = p.flat.eqns[i][1][0]
     return p.kinds[i], p.mat[zeros]
 
 
