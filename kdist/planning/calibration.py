@@ -184,13 +184,6 @@ LONG_SPAN_RESULTS = "benchmarks/results/planner_vs_deviceless_long_spans.json"
 LONG_SPAN_KERNELS = 33
 LONG_SPAN_LOW = 0.39
 
-# A loop (a scan or while: RWKV-7's recurrence) makes whole outputs where the estimate follows a model axis
-# (`propagation.split_axes`); XLA:GPU partitions the loop's body. XLA's figure / the estimate was at least
-# LOOP_MODEL_LOW on the model-axis rows of LOOP_RESULTS (RWKV-7 on 8 H100s, rounded down); the band of such a candidate
-# with a model axis reaches down to it.
-LOOP_RESULTS = "benchmarks/results/planner_vs_deviceless_outside_zoo.json"
-LOOP_MODEL_LOW = 0.26
-
 # Measured / estimated step time on one H100 under XLA's default flags, for the models of MEASURED_RESULTS whose
 # estimated step is at least SHORT_STEP seconds (the smallest and largest, rounded outward). The estimate is a
 # roofline: a lower bound. Shorter steps are dominated by costs it does not count (kernel launches, the call).

@@ -9,7 +9,6 @@ from kdist.planning.calibration import (
     GEMM_WORKSPACE,
     LONG_SPAN_KERNELS,
     LONG_SPAN_LOW,
-    LOOP_MODEL_LOW,
     MIXED_PRECISION_HIGH,
     MOE_FSDP_HIGH,
     MOE_HIGH,
@@ -87,13 +86,6 @@ def band(facts, axes, peak):
             "come from): the estimate keeps what it reads to its end, the scheduler's worst order, which XLA does not "
             f"take over so long a run (Qwen3.5's gated delta net on 8 H100s: down to {LONG_SPAN_LOW:.2f} of the "
             "estimate), so the band reaches that"
-        )
-    if facts.traced.loops and axes.get("model", 1) > 1 and LOOP_MODEL_LOW < low:
-        low = LOOP_MODEL_LOW
-        reasons.append(
-            "a loop (a scan or while) whose outputs the estimate counts whole over the model axis, where XLA "
-            f"partitions its body (RWKV-7 at hidden 256 on 8 H100s: down to {LOOP_MODEL_LOW:.2f} of the estimate), "
-            "so the band reaches that"
         )
     on_fsdp = axes.get("fsdp", 1) > 1
     moe_high = MOE_FSDP_HIGH if on_fsdp else MOE_HIGH

@@ -18,6 +18,8 @@ carries each split dimension through the operations that read it.
   (the right operand's) wins;
 - back from readers: a value an elementwise operation combines with a split
   one of the same shape is split too (a dropout's random bits and mask);
+- a loop (scan, while) through its body: its state takes the splits the body
+  gives it, and so does its initial value (`_loop`);
 - a buffer a matrix product contracts on a split dimension the other operand
   does not split is gathered whole before it (a normalized residual stream
   read by a projection whose kernel splits its output): counted whole, as
@@ -169,6 +171,10 @@ def _run(f, lo, hi, env, given, fixed):
             for x in ins:
                 if not env[x] and f.shape[x] == f.shape[outs[0]] and x not in fixed:
                     env[x] = env[outs[0]]
+        elif name in ("scan", "while"):  # a loop's initial state takes the state's split
+            for x, out in _carried(f.params[i], ins, outs):
+                if not env[x] and x not in fixed:
+                    env[x] = env[out]
     return env, gathered, summed
 
 
@@ -244,10 +250,42 @@ def _rule(name, params, operands, in_shapes, out_shapes):
         return [_gather(params, operands[0], in_shapes[0])]
     if name == "conv_general_dilated":
         return [_conv(params, operands)]
+    if name in ("scan", "while"):
+        return _loop(params, operands)
     if name in _SAME_POSITIONS:
         same = [s for s, shape in zip(operands, in_shapes) if len(shape) == rank]
         return [_merged(same) for _ in out_shapes]
     return [{} for _ in out_shapes]  # an operation not followed: its outputs are counted whole
+
+
+def _loop(loop, operands):
+    """A loop's outputs: its body followed with the operands' splits, the carry's until they stop changing.
+
+    A scan's stacked inputs are read a step at a time (their leading
+    dimension dropped) and its per-step results stacked (one added). The
+    carry takes the splits its body gives it (a recurrent state that starts
+    as zeros and is updated from split heads), as GSPMD gives a loop's
+    state, body and results one sharding.
+    """
+    given = {x: s for x, s in zip(loop.reads, operands) if x is not None}
+    n_in = loop.consts + loop.carry
+    for x in loop.ins[n_in:]:
+        given[x] = {a: d - 1 for a, d in given.get(x, {}).items() if d > 0}
+    carry_in, carry_out = loop.ins[loop.consts : n_in], loop.outs[: loop.carry]
+    for _ in range(len(AXES) * len(carry_in) + 1):  # a round that changes something adds an axis to a carry
+        env, _, _ = _run(loop.body, 0, len(loop.body.eqns), {}, dict(given), frozenset())
+        merged = {x: _merged([given.get(x, {}), env.get(o, {})]) for x, o in zip(carry_in, carry_out)}
+        if all(merged[x] == given.get(x, {}) for x in carry_in):
+            break
+        given.update(merged)
+    result = [given.get(x, {}) for x in carry_in]
+    return result + [{a: d + 1 for a, d in env.get(o, given.get(o, {})).items()} for o in loop.outs[loop.carry :]]
+
+
+def _carried(loop, ins, outs):
+    """(operand, output) pairs of a loop's operation: each initial state and the state the loop ends with."""
+    carry = loop.ins[loop.consts : loop.consts + loop.carry]
+    return [(x, outs[carry.index(b)]) for x, b in zip(ins, loop.reads) if b in carry]
 
 
 def _dot(params, operands, in_shapes):

@@ -24,8 +24,6 @@ from kdist.planning.timeline import Step
 from kdist.planning.trace import TRACE_BATCH, trace_layer, trace_loss
 from kdist.units import is_float, itemsize
 
-LOOPS = frozenset(("scan", "while"))  # loop primitives: a traced program keeps each as one operation
-
 
 @dataclasses.dataclass
 class TracedStep:
@@ -48,7 +46,6 @@ class TracedStep:
     notes: list
     convolutions: bool = False
     capped_scores: bool = False  # a tanh over attention scores: a logit soft cap (Gemma 2), `candidates.band`
-    loops: bool = False  # a scan or while loop (RWKV-7's recurrence): whole outputs on a model axis, `candidates.band`
 
     @property
     def family(self):
@@ -124,9 +121,8 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
         for f in flats
         for (prim, _, outs), scope in zip(f.eqns, f.scopes)
     )
-    loops = any(e[0] in LOOPS for f in flats for e in f.eqns)
     return TracedStep(
-        step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes, convolutions, capped, loops
+        step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes, convolutions, capped
     )
 
 

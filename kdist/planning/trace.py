@@ -39,6 +39,8 @@ INLINE = {
     "named_call",
 }
 _BODY = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+# Loops, kept as one operation: their body jaxpr, its consts count and carry count (None: the rest of the operands).
+_LOOPS = {"scan": ("jaxpr", "num_consts", "num_carry"), "while": ("body_jaxpr", "body_nconsts", None)}
 _TRANSFORMED = re.compile(r"\w+\((.*)\)")
 
 
@@ -47,9 +49,10 @@ class Flat:
 
     def __init__(self):
         self.size, self.shape, self.dtype, self.eqns = [], [], [], []
-        self.flops = []  # per equation: multiply-add FLOPs x 2 of matrix products and convolutions, else 0
+        self.flops = []  # per equation: multiply-add FLOPs x 2 of matrix products and convolutions (a scan: its body's
+        # per step x its length), else 0
         self.scopes = []  # per equation: its name stack, e.g. "transpose(jvp(block))/self_attention/softmax"
-        self.params = []  # per equation: the parameter `kdist.planning.propagation` reads, or None
+        self.params = []  # per equation: the parameter `kdist.planning.propagation` reads (a loop: its `Loop`), or None
 
     def new(self, aval):
         """A new value id for an abstract value (bytes at the traced shape)."""
@@ -59,6 +62,25 @@ class Flat:
         self.shape.append(shape)
         self.dtype.append(dtype)
         return len(self.size) - 1
+
+
+@dataclasses.dataclass
+class Loop:
+    """A scan's or while loop's body, flattened, for `kdist.planning.propagation` to follow splits through.
+
+    The body's inputs `ins` are `consts`, `carry`, then a scan's per-step
+    slices of its stacked inputs; its outputs `outs` are the carry, then a
+    scan's per-step results, which it stacks. `reads`: per operand of the
+    loop's operation (literals left out), the body input it becomes (None:
+    a while loop's condition consts).
+    """
+
+    body: "Flat"
+    ins: list
+    outs: list
+    consts: int
+    carry: int
+    reads: list
 
 
 def eqn_flops(eqn):
@@ -95,6 +117,18 @@ def _itemsize(dtype):
         return 4
 
 
+def _loop(eqn, operands):
+    """The `Loop` of a scan or while operation whose operands have ids `operands` (None: a literal)."""
+    body_key, consts_key, carry_key = _LOOPS[eqn.primitive.name]
+    body, consts = eqn.params[body_key], eqn.params[consts_key]
+    skip = eqn.params.get("cond_nconsts", 0)
+    carry = eqn.params[carry_key] if carry_key else len(operands) - skip - consts
+    flat = Flat()
+    ins = [flat.new(v.aval) for v in body.jaxpr.invars]
+    reads = [ins[k - skip] if k >= skip else None for k, x in enumerate(operands) if x is not None]
+    return Loop(flat, ins, flatten(body, ins, flat), consts, carry, reads)
+
+
 def _body(eqn):
     if eqn.primitive.name not in INLINE:
         return None
@@ -124,9 +158,14 @@ def flatten(jaxpr, in_ids, flat, scope=""):
         outs = [flat.new(v.aval) for v in eqn.outvars]
         env.update(zip(eqn.outvars, outs))
         flat.eqns.append((eqn.primitive.name, [i for i in ins if i is not None], outs))
-        flat.flops.append(eqn_flops(eqn))
         flat.scopes.append(stack)
-        flat.params.append(eqn.params.get(PARAMS[eqn.primitive.name]) if eqn.primitive.name in PARAMS else None)
+        if eqn.primitive.name in _LOOPS:
+            loop = _loop(eqn, ins)
+            flat.params.append(loop)
+            flat.flops.append(eqn.params.get("length", 0) * sum(loop.body.flops))  # a while loop's count is unknown
+        else:
+            flat.params.append(eqn.params.get(PARAMS[eqn.primitive.name]) if eqn.primitive.name in PARAMS else None)
+            flat.flops.append(eqn_flops(eqn))
     return [get(v) for v in jaxpr.outvars]
 
 

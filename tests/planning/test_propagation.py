@@ -1,14 +1,25 @@
 """Following the weights' model-axis splits through the traced step, and the lookups FSDP gathers nothing for."""
 
+import jax
+import jax.numpy as jnp
 import keras
 from jax.lax import GatherDimensionNumbers
 
 import kdist
 from kdist.planning.facts import ModelFacts
-from kdist.planning.propagation import _conv_gathered, _conv_partial, _gathered, _reshape, _rule, factors, split_axes
+from kdist.planning.propagation import (
+    _conv_gathered,
+    _conv_partial,
+    _gathered,
+    _reshape,
+    _rule,
+    _run,
+    factors,
+    split_axes,
+)
 from kdist.planning.step import trace_step
 from kdist.planning.targets import resolve_target
-from kdist.planning.trace import TRACE_BATCH
+from kdist.planning.trace import TRACE_BATCH, Flat, flatten
 
 SEQUENCE, HIDDEN, WIDTH, VOCABULARY = 16, 32, 64, 50
 
@@ -231,3 +242,63 @@ def test_a_convolution_gathers_and_sums_as_its_operands_splits_say():
     assert not _conv_partial(numbers, [{}, {"model": 3}], [images, kernel])
     assert _conv_gathered(numbers, [{"model": 3}, {"model": 3}], [images, depthwise]) == [set(), set()]
     assert not _conv_partial(numbers, [{"model": 3}, {"model": 3}], [images, depthwise])
+
+
+class _RunningSum(keras.layers.Layer):
+    """A recurrence in a loop (`keras.ops.scan`): each step adds its input to a state that starts as zeros."""
+
+    def call(self, x):
+        def add(state, x_t):
+            state = state + x_t
+            return state, state
+
+        _, states = keras.ops.scan(add, keras.ops.zeros_like(x[:, 0]), keras.ops.transpose(x, (1, 0, 2)))
+        return keras.ops.transpose(states, (1, 0, 2))
+
+
+def _recurrent():
+    tokens = keras.Input((SEQUENCE,), dtype="int32")
+    h = keras.layers.Embedding(VOCABULARY, HIDDEN, name="token_table")(tokens)
+    x = _RunningSum(name="running_sum")(keras.layers.Dense(WIDTH, name="up")(h))
+    return keras.Model(tokens, keras.layers.Dense(VOCABULARY, name="head")(keras.layers.Dense(HIDDEN, name="down")(x)))
+
+
+def _made_by_scans(step):
+    out = set()
+    for item in step.agenda:
+        if item[0] == "run":
+            (p, mapping), lo, hi = item[1:]
+            out |= {mapping.get(o) for name, _, outs in p.flat.eqns[lo:hi] if name == "scan" for o in outs}
+    return out
+
+
+def test_a_scan_carries_its_inputs_split_through_its_body_to_its_state_and_stacked_results():
+    traced = _traced(_recurrent)
+    splits = _splits(traced, MEGATRON)
+    step = traced.step
+    stacked = _buffers(step, (SEQUENCE, TRACE_BATCH, WIDTH))  # the scan's inputs, results and their cotangents
+    assert set(stacked) & _made_by_scans(step)
+    assert stacked and all(splits[g] == {"model": 2} for g in stacked), [splits[g] for g in stacked]
+    assert all(splits[g] == {"model": 2} for g in _buffers(step, (TRACE_BATCH, SEQUENCE, WIDTH)))
+
+
+def _looped(x, limit):
+    """x added to a state of zeros while a counter is under `limit` (a condition const): a while loop."""
+
+    def body(carry):
+        i, state = carry
+        return i + 1, state + x
+
+    return jax.lax.while_loop(lambda carry: carry[0] < limit, body, (0, jnp.zeros_like(x)))[1]
+
+
+def test_a_while_loops_state_takes_the_split_its_body_gives_it_and_so_does_its_initial_value():
+    closed = jax.make_jaxpr(_looped)(jnp.zeros((4, 8)), 3)
+    flat = Flat()
+    ins = [flat.new(v.aval) for v in closed.jaxpr.invars]
+    (out,) = flatten(closed, ins, flat)
+    env, _, _ = _run(flat, 0, len(flat.eqns), {}, {ins[0]: {"model": 1}}, frozenset())
+    assert env[out] == {"model": 1}
+    (loop,) = [i for i, (name, _, _) in enumerate(flat.eqns) if name == "while"]
+    initial_state = flat.eqns[loop][1][-1]
+    assert flat.shape[initial_state] == (4, 8) and env[initial_state] == {"model": 1}
