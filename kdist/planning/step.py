@@ -115,6 +115,11 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
         notes.append(f"attention {mode!r} was asked for; the layers took {taken!r}")
     seconds = time.perf_counter() - start
     flats = [p.flat for p in walk.programs.values()]
+    if any(e[0] == "while" for f in flats for e in f.eqns):
+        notes.append(
+            "the step runs a while loop, whose number of steps the trace cannot know: its FLOPs are not in the "
+            "step-time estimate"
+        )
     convolutions = any(e[0].startswith("conv_general") for f in flats for e in f.eqns)
     capped = any(
         prim == "tanh" and len(f.shape[outs[0]]) >= 4 and "attention" in scope

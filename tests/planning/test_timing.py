@@ -137,3 +137,28 @@ def test_the_traced_flops_match_xlas_cost_analysis_of_the_compiled_step():
         c = result.candidate(spec)
         assert c.flops == _chain_flops(64, 512, (1024, 2048, 256)) / 8
         assert c.flops <= c.compiled["flops"] <= 1.1 * c.flops, (spec, c.flops, c.compiled["flops"])
+
+
+class _Doubled(keras.layers.Layer):
+    """Scales its input by 2 ** 3, the factor found in a while loop (on a value no gradient flows through)."""
+
+    def call(self, x):
+        def double(i, factor):
+            return i + 1, factor * 2.0
+
+        scale = keras.ops.stop_gradient(keras.ops.ones(()))
+        _, factor = keras.ops.while_loop(lambda i, factor: i < 3, double, (0, scale))
+        return x * factor
+
+
+def test_a_while_loops_flops_are_not_counted_and_the_plan_says_so():
+    def build():
+        x = keras.Input((64,))
+        return keras.Model(x, keras.layers.Dense(32, use_bias=False)(_Doubled()(x)))
+
+    model = kdist.abstract_model(build)
+    result = kdist.plan(model, 1, batch_size=16, target="H100")
+    assert result.candidates[0].flops == 3 * 2 * 16 * 64 * 32  # the product's: forward, input and weight gradients
+    assert any("while loop" in note and "not in the step-time estimate" in note for note in result.notes)
+    plain = kdist.plan(_chain(64, (32,)), 1, batch_size=16, target="H100")
+    assert not any("while loop" in note for note in plain.notes)
