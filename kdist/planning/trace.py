@@ -49,8 +49,8 @@ class Flat:
 
     def __init__(self):
         self.size, self.shape, self.dtype, self.eqns = [], [], [], []
-        self.flops = []  # per equation: multiply-add FLOPs x 2 of matrix products and convolutions (a scan: its body's
-        # per step x its length), else 0
+        self.flops = []  # per equation: 2 x the multiply-adds of a matrix product or convolution (a scan: its body's
+        # x its length), else 0
         self.scopes = []  # per equation: its name stack, e.g. "transpose(jvp(block))/self_attention/softmax"
         self.params = []  # per equation: the parameter `kdist.planning.propagation` reads (a loop: its `Loop`), or None
 
@@ -75,7 +75,7 @@ class Loop:
     a while loop's condition consts).
     """
 
-    body: "Flat"
+    body: Flat
     ins: list
     outs: list
     consts: int
