@@ -39,8 +39,7 @@ INLINE = {
     "named_call",
 }
 _BODY = ("jaxpr", "call_jaxpr", "fun_jaxpr")
-# Loops, kept as one operation: their body jaxpr, its consts count and carry count (None: the rest of the operands).
-_LOOPS = {"scan": ("jaxpr", "num_consts", "num_carry"), "while": ("body_jaxpr", "body_nconsts", None)}
+_LOOPS = ("scan", "while")  # kept as one operation each, their bodies beside them (`Loop`)
 _TRANSFORMED = re.compile(r"\w+\((.*)\)")
 
 
@@ -119,14 +118,24 @@ def _itemsize(dtype):
 
 def _loop(eqn, operands):
     """The `Loop` of a scan or while operation whose operands have ids `operands` (None: a literal)."""
-    body_key, consts_key, carry_key = _LOOPS[eqn.primitive.name]
-    body, consts = eqn.params[body_key], eqn.params[consts_key]
-    skip = eqn.params.get("cond_nconsts", 0)
-    carry = eqn.params[carry_key] if carry_key else len(operands) - skip - consts
+    params = eqn.params
+    if eqn.primitive.name == "while":
+        body, skip, consts = params["body_jaxpr"], params["cond_nconsts"], params["body_nconsts"]
+        carry = len(operands) - skip - consts
+    else:
+        body, skip, (consts, carry) = params["jaxpr"], 0, _scan_counts(params)
     flat = Flat()
-    ins = [flat.new(v.aval) for v in body.jaxpr.invars]
+    ins = [flat.new(v.aval) for v in getattr(body, "jaxpr", body).invars]
     reads = [ins[k - skip] if k >= skip else None for k, x in enumerate(operands) if x is not None]
     return Loop(flat, ins, flatten(body, ins, flat), consts, carry, reads)
+
+
+def _scan_counts(params):
+    """(consts, carry) of a scan: its parameters, or from jax 0.12 the sizes of its input tree's first two parts."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts.vals)), len(list(carry.vals))
 
 
 def _body(eqn):
