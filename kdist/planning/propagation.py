@@ -59,6 +59,7 @@ _SAME_POSITIONS = frozenset(
     scatter scatter-add scatter_add scatter-sub scatter_sub scatter-mul scatter_mul scatter-min scatter_min
     scatter-max scatter_max""".split()
 )
+LOOPS = frozenset(("scan", "while"))  # kept whole by `trace.flatten`, their bodies beside them (`trace.Loop`)
 _REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin".split())
 # The parameters the rules below read, kept per traced operation by `trace.flatten`.
 PARAMS = {
@@ -171,7 +172,7 @@ def _run(f, lo, hi, env, given, fixed):
             for x in ins:
                 if not env[x] and f.shape[x] == f.shape[outs[0]] and x not in fixed:
                     env[x] = env[outs[0]]
-        elif name in ("scan", "while"):  # a loop's initial state takes the state's split
+        elif name in LOOPS:  # a loop's initial state takes the state's split
             for x, out in _carried(f.params[i], ins, outs):
                 if not env[x] and x not in fixed:
                     env[x] = env[out]
@@ -250,7 +251,7 @@ def _rule(name, params, operands, in_shapes, out_shapes):
         return [_gather(params, operands[0], in_shapes[0])]
     if name == "conv_general_dilated":
         return [_conv(params, operands)]
-    if name in ("scan", "while"):
+    if name in LOOPS:
         return _loop(params, operands)
     if name in _SAME_POSITIONS:
         same = [s for s, shape in zip(operands, in_shapes) if len(shape) == rank]

@@ -19,7 +19,7 @@ import keras
 from jax.extend.core import Literal
 
 from kdist.keras_internals import operation_fn, sublayers
-from kdist.planning.propagation import PARAMS
+from kdist.planning.propagation import LOOPS, PARAMS
 
 TRACE_BATCH = 7919  # a prime batch size: batch dimensions are recognisable in traced shapes, sizes scale linearly
 
@@ -39,7 +39,6 @@ INLINE = {
     "named_call",
 }
 _BODY = ("jaxpr", "call_jaxpr", "fun_jaxpr")
-_LOOPS = ("scan", "while")  # kept as one operation each, their bodies beside them (`Loop`)
 _TRANSFORMED = re.compile(r"\w+\((.*)\)")
 
 
@@ -168,7 +167,7 @@ def flatten(jaxpr, in_ids, flat, scope=""):
         env.update(zip(eqn.outvars, outs))
         flat.eqns.append((eqn.primitive.name, [i for i in ins if i is not None], outs))
         flat.scopes.append(stack)
-        if eqn.primitive.name in _LOOPS:
+        if eqn.primitive.name in LOOPS:
             loop = _loop(eqn, ins)
             flat.params.append(loop)
             flat.flops.append(eqn.params.get("length", 0) * sum(loop.body.flops))  # a while loop's count is unknown
