@@ -114,18 +114,14 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
     elif taken != mode:
         notes.append(f"attention {mode!r} was asked for; the layers took {taken!r}")
     seconds = time.perf_counter() - start
-    flats = [p.flat for p in walk.programs.values()]
-    if any(e[0] == "while" for f in flats for e in f.eqns):
+    eqns = [e for p in walk.programs.values() for e in p.flat.walk()]  # loop bodies included
+    if any(name == "while" for name, _, _ in eqns):
         notes.append(
             "the step runs a while loop, whose number of steps the trace cannot know: its FLOPs are not in the "
             "step-time estimate"
         )
-    convolutions = any(e[0].startswith("conv_general") for f in flats for e in f.eqns)
-    capped = any(
-        prim == "tanh" and len(f.shape[outs[0]]) >= 4 and "attention" in scope
-        for f in flats
-        for (prim, _, outs), scope in zip(f.eqns, f.scopes)
-    )
+    convolutions = any(name.startswith("conv_general") for name, _, _ in eqns)
+    capped = any(name == "tanh" and len(shapes[0]) >= 4 and "attention" in scope for name, shapes, scope in eqns)
     return TracedStep(
         step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes, convolutions, capped
     )

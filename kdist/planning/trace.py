@@ -61,6 +61,13 @@ class Flat:
         self.dtype.append(dtype)
         return len(self.size) - 1
 
+    def walk(self):
+        """(primitive name, output shapes, scope) of every equation, a loop's body's after the loop's own."""
+        for (name, _, outs), params, scope in zip(self.eqns, self.params, self.scopes):
+            yield name, [self.shape[o] for o in outs], scope
+            if isinstance(params, Loop):
+                yield from params.body.walk()
+
 
 @dataclasses.dataclass
 class Loop:
@@ -115,8 +122,8 @@ def _itemsize(dtype):
         return 4
 
 
-def _loop(eqn, operands):
-    """The `Loop` of a scan or while operation whose operands have ids `operands` (None: a literal)."""
+def _loop(eqn, operands, scope):
+    """The `Loop` of a scan or while operation whose operands have ids `operands` (None: a literal), under `scope`."""
     params = eqn.params
     if eqn.primitive.name == "while":
         body, skip, consts = params["body_jaxpr"], params["cond_nconsts"], params["body_nconsts"]
@@ -126,7 +133,7 @@ def _loop(eqn, operands):
     flat = Flat()
     ins = [flat.new(v.aval) for v in getattr(body, "jaxpr", body).invars]
     reads = [ins[k - skip] if k >= skip else None for k, x in enumerate(operands) if x is not None]
-    return Loop(flat, ins, flatten(body, ins, flat), consts, carry, reads)
+    return Loop(flat, ins, flatten(body, ins, flat, scope), consts, carry, reads)
 
 
 def _scan_counts(params):
@@ -168,7 +175,7 @@ def flatten(jaxpr, in_ids, flat, scope=""):
         flat.eqns.append((eqn.primitive.name, [i for i in ins if i is not None], outs))
         flat.scopes.append(stack)
         if eqn.primitive.name in LOOPS:
-            loop = _loop(eqn, ins)
+            loop = _loop(eqn, ins, stack)
             flat.params.append(loop)
             flat.flops.append(eqn.params.get("length", 0) * sum(loop.body.flops))  # a while loop's count is unknown
         else:

@@ -151,10 +151,19 @@ class _Doubled(keras.layers.Layer):
         return x * factor
 
 
-def test_a_while_loops_flops_are_not_counted_and_the_plan_says_so():
+class _DoubledInAScan(_Doubled):
+    """The same, its while loop inside a scan's body."""
+
+    def call(self, x):
+        _, ys = keras.ops.scan(lambda carry, row: (carry, super(_DoubledInAScan, self).call(row)), 0.0, x)
+        return ys
+
+
+@pytest.mark.parametrize("layer", [_Doubled, _DoubledInAScan])
+def test_a_while_loops_flops_are_not_counted_and_the_plan_says_so(layer):
     def build():
         x = keras.Input((64,))
-        return keras.Model(x, keras.layers.Dense(32, use_bias=False)(_Doubled()(x)))
+        return keras.Model(x, keras.layers.Dense(32, use_bias=False)(layer()(x)))
 
     model = kdist.abstract_model(build)
     result = kdist.plan(model, 1, batch_size=16, target="H100")
