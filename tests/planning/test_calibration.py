@@ -131,6 +131,7 @@ FAMILIES_HELD_OUT_16_H512 = "benchmarks/results/planner_vs_deviceless_families_h
 MIXED_FLOAT16 = "benchmarks/results/planner_vs_deviceless_mixed_float16.json"  # the eight of MIXED_PRECISION in float16
 FAMILIES_UNSEEN = "benchmarks/results/planner_vs_deviceless_families_unseen.json"  # two never compiled before
 FAMILIES_HELD_OUT_32 = "benchmarks/results/planner_vs_deviceless_families_held_out_32.json"  # two on 32 devices
+FAMILIES_HELD_OUT_6 = "benchmarks/results/planner_vs_deviceless_families_held_out_6.json"  # four on 6 devices
 
 
 def test_fused_attention_on_a_gpu_reaches_the_most_a_measured_fused_config_took_rounded_up():
@@ -267,6 +268,17 @@ def test_on_32_devices_two_held_out_families_keep_the_safety_rule_and_their_band
     rows = _rows(FAMILIES_HELD_OUT_32)
     assert {r["config"] for r in rows} == {"llama3 h256 2 layers b128 s256", "xlm_roberta h256 2 layers b128 s256"}
     assert len(rows) == 42 and all(math.prod(_axes(r["mesh"]).values()) == 32 for r in rows)
+    assert not any(_more_than_5_percent_under(r) for r in rows)
+    assert not _above_the_band_top(rows)
+
+
+def test_on_6_devices_four_held_out_families_keep_the_safety_rule_and_their_bands_top():
+    """Four held-out families on 6 devices at 48 x 256 tokens (`--devices 6 --batch 48`), a device count that is not a
+    power of two: the meshes planned valid are those whose axes divide the weights (data=6, data=3,fsdp=2,
+    data=3,model=2; docs/plan.md, "Six devices, held out")."""
+    rows = _rows(FAMILIES_HELD_OUT_6)
+    assert {r["config"].split()[0] for r in rows} == {"llama3", "qwen3", "xlm_roberta", "gemma3"} and len(rows) == 12
+    assert {r["mesh"] for r in rows} == {"data=6", "data=3,fsdp=2", "data=3,model=2"}
     assert not any(_more_than_5_percent_under(r) for r in rows)
     assert not _above_the_band_top(rows)
 
