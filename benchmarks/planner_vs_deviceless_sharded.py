@@ -67,7 +67,8 @@ with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
 them in mixed_bfloat16 (`MIXED_PRECISION`), into
-planner_vs_deviceless_mixed_precision.json; with --mixed-float16 the same
+planner_vs_deviceless_mixed_precision.json (with --devices 16 --models falcon,qwen3, two of them on 16
+devices, into ..._16.json); with --mixed-float16 the same
 eight in mixed_float16 (`MIXED_FLOAT16`), into
 planner_vs_deviceless_mixed_float16.json.
 
