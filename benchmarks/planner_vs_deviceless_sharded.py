@@ -45,7 +45,8 @@ small, ViT-Base) into planner_vs_deviceless_full_size.json.
 plans and compiles eight more keras-hub families at hidden 256 (`FAMILIES`)
 into planner_vs_deviceless_families.json (with --models gemma2 --devices 4 or
 16, Gemma 2's soft-capped attention on 4 or 16 devices, into ..._4.json and
-..._16.json); with --families-held-out twelve
+..._16.json; with --devices 6 --batch 48 --width 384,2 --models falcon,gpt_neox,phi3, three at hidden 384 on 6
+devices, into ..._6_h384_l2.json); with --families-held-out twelve
 more, built alike after the estimate's rules were drawn (`FAMILIES_HELD_OUT`),
 into planner_vs_deviceless_families_held_out.json (with --devices 16 --models
 gemma3,t5,llama3,xlm_roberta, four of them on 16 devices, into ..._16.json;
@@ -59,9 +60,10 @@ into ..._h512_l4.json, and with --devices 16 --models gemma3,t5 two of them on 1
 into ..._32.json; with --devices 6 --batch 48 --models llama3,qwen3,xlm_roberta,gemma3, four on 6 devices,
 into ..._6.json, and with --width 384,2 --models llama3,xlm_roberta,gemma3 at hidden 384 into
 ..._6_h384_l2.json; with --devices 2 --batch 16 --models llama3,qwen3,xlm_roberta,gemma3,t5, five on 2 devices,
-into ..._2.json); with --families-unseen two families no earlier run compiled (`FAMILIES_UNSEEN`:
-RoFormerV2, Whisper), into planner_vs_deviceless_families_unseen.json; with --outside-zoo six keras-hub backbones
-kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
+into ..._2.json; with --devices 12 --batch 48 --width 384,2 --models llama3,xlm_roberta,gemma3,t5, four at hidden
+384 on 12 devices, into ..._12_h384_l2.json); with --families-unseen two families no earlier run compiled
+(`FAMILIES_UNSEEN`: RoFormerV2, Whisper), into planner_vs_deviceless_families_unseen.json; with --outside-zoo six
+keras-hub backbones kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
 planner_vs_deviceless_outside_zoo.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,

@@ -272,9 +272,8 @@ def model_split_factors(facts, rows, axes):
         if not any(layout):  # nothing split over a model-parallel axis
             cache[key] = np.ones(len(step.size))
         else:
-            if layout not in cache:
-                cache[layout] = propagation.split_axes(step, [per_representative[i] for i in static["rep_of"]])
-            splits, twice = cache[layout]
+            weight_splits = [per_representative[i] for i in static["rep_of"]]
+            splits, twice = propagation.split_axes(step, weight_splits, dict(zip(propagation.AXES, key[1:])))
             cache[key] = np.array(propagation.factors(splits, step.shape, axes, twice))
     return cache[key]
 

@@ -76,15 +76,18 @@ PARAMS = {
 }
 
 
-def split_axes(step, weight_splits):
+def split_axes(step, weight_splits, sizes=None):
     """Per buffer of `step`: {axis: dimension} of the model-parallel axes that split it ({} when none), and the
     buffers XLA holds twice -> their axes: a convolution's partial sum that is a split input's gradient.
 
     `weight_splits`: per variable index (`step.weight_of`), {axis: dimension}
-    of its layout on the candidate mesh. A call whose inputs are split as an
+    of its layout on the candidate mesh; `sizes`: {axis: devices} of that
+    mesh (a reshape splits a dimension it takes apart only where the axis
+    fits it, `_reshape`; default: wherever it can). A call whose inputs are split as an
     earlier call's of the same program were (a Llama's identical blocks)
     reuses that call's result.
     """
+    sizes = sizes or {}
     splits = [{} for _ in step.size]
     for g, var in step.weight_of.items():
         if step.term[g] == "external":
@@ -103,7 +106,7 @@ def split_axes(step, weight_splits):
         before, env = forward.get(id(mapping), (None, {}))
         fixed = frozenset(x for x, g in mapping.items() if g is not None and _fixed(step, g))
         given = {
-            x: _fit(splits[mapping[x]], step.shape[mapping[x]], p.flat.shape[x])
+            x: _fit(splits[mapping[x]], step.shape[mapping[x]], p.flat.shape[x], sizes)
             for x in (*p.w, *p.c, *p.a, *p.ct)
             if mapping.get(x) is not None
         }
@@ -115,7 +118,7 @@ def split_axes(step, weight_splits):
             tuple(sorted((x, tuple(sorted(s.items(), key=str))) for x, s in given.items())),
         )
         if key not in memo:
-            memo[key] = _run(p.flat, lo, hi, dict(env), given, fixed)
+            memo[key] = _run(p.flat, lo, hi, dict(env), given, fixed, sizes)
         env, gathered_here, summed_here = memo[key]
         forward[id(mapping)] = (key, env)
         for x in summed_here:
@@ -128,7 +131,7 @@ def split_axes(step, weight_splits):
         for x, s in env.items():
             g = mapping.get(x)
             if g is not None and not _fixed(step, g) and g not in summed:
-                splits[g] = _fit(s, p.flat.shape[x], step.shape[g])
+                splits[g] = _fit(s, p.flat.shape[x], step.shape[g], sizes)
         for x, axes in gathered_here.items():
             if mapping.get(x) is not None:
                 gathered.setdefault(mapping[x], set()).update(axes)
@@ -140,7 +143,7 @@ def split_axes(step, weight_splits):
     return splits, scattered
 
 
-def _run(f, lo, hi, env, given, fixed):
+def _run(f, lo, hi, env, given, fixed, sizes):
     """Operations lo..hi of program `f`: the local splits after them (`env` extended), the values gathered and
     the convolutions' partial sums."""
     gathered, summed = {}, set()
@@ -152,7 +155,7 @@ def _run(f, lo, hi, env, given, fixed):
                 env[x] = given.get(x, {})
             operands.append(env[x])
         shapes = [f.shape[x] for x in ins]
-        made = _rule(name, f.params[i], operands, shapes, [f.shape[o] for o in outs])
+        made = _rule(name, f.params[i], operands, shapes, [f.shape[o] for o in outs], sizes)
         for o, s in zip(outs, made):
             env[o] = s
         if name == "dot_general":
@@ -179,9 +182,9 @@ def _run(f, lo, hi, env, given, fixed):
     return env, gathered, summed
 
 
-def _fit(split, shape, buffer_shape):
+def _fit(split, shape, buffer_shape, sizes):
     """`split` of a value of `shape` on the buffer it is a view of (a squeeze or reshape aliases its source)."""
-    return split if tuple(shape) == tuple(buffer_shape) else _reshape(split, shape, buffer_shape)
+    return split if tuple(shape) == tuple(buffer_shape) else _reshape(split, shape, buffer_shape, sizes)
 
 
 def _fixed(step, g):
@@ -211,6 +214,8 @@ def _ways(key, axes):
     """How many ways `key` splits its dimension on a mesh of `axes`: an axis's size, or the rest of it (`_reshape`)."""
     if isinstance(key, str):
         return axes.get(key, 1)
+    if len(key) == 3:  # (axis, "of", n): a part of n elements split as far as n and the axis both allow
+        return math.gcd(axes.get(key[0], 1), key[2])
     axis, major = key
     m = axes.get(axis, 1)
     return m // major if m > major and m % major == 0 else 1
@@ -225,7 +230,7 @@ def _merged(operands):
     return out
 
 
-def _rule(name, params, operands, in_shapes, out_shapes):
+def _rule(name, params, operands, in_shapes, out_shapes, sizes=None):
     """The split of each output of one operation, from its operands' splits and shapes."""
     if not any(operands):
         return [{} for _ in out_shapes]
@@ -240,7 +245,7 @@ def _rule(name, params, operands, in_shapes, out_shapes):
         dropped = set(params)
         return [{a: d - sum(r < d for r in dropped) for a, d in operands[0].items() if d not in dropped}]
     if name == "reshape":
-        return [_reshape(operands[0], in_shapes[0], out_shapes[0])]
+        return [_reshape(operands[0], in_shapes[0], out_shapes[0], sizes)]
     if name == "concatenate":
         return [{a: d for a, d in _merged(operands).items() if d != params}]
     if name == "stack":  # a new dimension at `params`
@@ -252,14 +257,14 @@ def _rule(name, params, operands, in_shapes, out_shapes):
     if name == "conv_general_dilated":
         return [_conv(params, operands)]
     if name in LOOPS:
-        return _loop(params, operands)
+        return _loop(params, operands, sizes)
     if name in _SAME_POSITIONS:
         same = [s for s, shape in zip(operands, in_shapes) if len(shape) == rank]
         return [_merged(same) for _ in out_shapes]
     return [{} for _ in out_shapes]  # an operation not followed: its outputs are counted whole
 
 
-def _loop(loop, operands):
+def _loop(loop, operands, sizes):
     """A loop's outputs: its body followed with the operands' splits, the carry's until they stop changing.
 
     A scan's stacked inputs are read a step at a time (their leading
@@ -274,7 +279,7 @@ def _loop(loop, operands):
         given[x] = {a: d - 1 for a, d in given.get(x, {}).items() if d > 0}
     carry_in, carry_out = loop.ins[loop.consts : n_in], loop.outs[: loop.carry]
     for _ in range(len(AXES) * len(carry_in) + 1):  # a round that changes something adds an axis to a carry
-        env, _, _ = _run(loop.body, 0, len(loop.body.eqns), {}, dict(given), frozenset())
+        env, _, _ = _run(loop.body, 0, len(loop.body.eqns), {}, dict(given), frozenset(), sizes)
         merged = {x: _merged([given.get(x, {}), env.get(o, {})]) for x, o in zip(carry_in, carry_out)}
         if all(merged[x] == given.get(x, {}) for x in carry_in):
             break
@@ -344,7 +349,7 @@ def _grouped(dimension_numbers, shapes):
     return shapes[0][lhs_spec[1]] != shapes[1][rhs_spec[1]]
 
 
-def _reshape(split, shape, new_shape):
+def _reshape(split, shape, new_shape, sizes=None):
     """A split dimension keeps its split where the reshape keeps it leading: same elements before it.
 
     A dimension taken apart (8 query heads into 2 key/value heads x 4) keeps
@@ -352,6 +357,12 @@ def _reshape(split, shape, new_shape):
     axis has more devices than the leading part has elements (4 devices: the
     2 heads and each head's 4 queries 2 ways). That rest is kept under the
     key `(axis, size of the leading part)`; `factors` says how many ways it splits.
+    Where the axis has `sizes[axis]` devices and neither that number nor the
+    leading part divides the other (a flat projection of 8 heads split 3 or 6
+    ways, reshaped to heads x head size: T5's), GSPMD splits the leading part
+    only as many ways as both divide, and the value is that much less split
+    (3 ways: whole; 6 ways: 4 of the 8 heads on each device). That split is
+    kept under the key `(axis, "of", size of the leading part)`.
     """
     starts = {math.prod(new_shape[:e]): e for e in range(len(new_shape)) if new_shape[e] > 1}
     out = {}
@@ -359,8 +370,13 @@ def _reshape(split, shape, new_shape):
         e = starts.get(math.prod(shape[:d]))
         if e is None or (new_shape[e] % shape[d] and shape[d] % new_shape[e]):
             continue
+        taken_apart = isinstance(key, str) and new_shape[e] < shape[d]
+        devices = (sizes or {}).get(key, 1) if taken_apart else 1
+        if new_shape[e] % devices and devices % new_shape[e]:  # as far as both allow: their gcd
+            out[(key, "of", new_shape[e])] = e
+            continue
         out[key] = e
-        if isinstance(key, str) and new_shape[e] < shape[d]:  # taken apart: the rest on the next part
+        if taken_apart:  # the rest on the next part
             rest = next((r for r in range(e + 1, len(new_shape)) if new_shape[r] > 1), None)
             if rest is not None:
                 out[(key, new_shape[e])] = rest
