@@ -137,6 +137,7 @@ FAMILIES_HELD_OUT_2 = "benchmarks/results/planner_vs_deviceless_families_held_ou
 MIXED_PRECISION_16 = "benchmarks/results/planner_vs_deviceless_mixed_precision_16.json"  # two, mixed bf16, on 16
 FAMILIES_HELD_OUT_12_H384 = "benchmarks/results/planner_vs_deviceless_families_held_out_12_h384_l2.json"  # 4, on 12
 FAMILIES_6_H384 = "benchmarks/results/planner_vs_deviceless_families_6_h384_l2.json"  # Falcon, GPT-NeoX, Phi-3 on 6
+FAMILIES_HELD_OUT_FLOAT16 = "benchmarks/results/planner_vs_deviceless_families_held_out_float16.json"  # T5, Qwen3
 
 
 def test_fused_attention_on_a_gpu_reaches_the_most_a_measured_fused_config_took_rounded_up():
@@ -336,6 +337,14 @@ def test_three_families_compiled_after_the_head_split_rule_keep_the_safety_rule_
     assert {r["config"].split()[0] for r in rows} == {"falcon", "gpt_neox", "phi3"} and len(rows) == 27
     assert not any(_more_than_5_percent_under(r) for r in rows)
     assert not _above_the_band_top(rows)
+
+
+def test_in_float16_throughout_two_held_out_families_are_within_10_percent_and_none_is_5_percent_under():
+    """T5 and Qwen3 built with dtype="float16" on every mesh of 8 (`--dtype float16`; docs/plan.md, "bfloat16
+    throughout, held out")."""
+    rows = _rows(FAMILIES_HELD_OUT_FLOAT16)
+    assert {r["config"] for r in rows} == {f"{f} float16 h256 2 layers b32 s256" for f in ("t5", "qwen3")}
+    assert len(rows) == 20 and all(0.95 <= r["ratio"] <= 1.10 for r in rows)
 
 
 def test_two_families_never_compiled_before_stay_under_the_top_of_their_band():
