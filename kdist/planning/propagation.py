@@ -10,8 +10,9 @@ carries each split dimension through the operations that read it.
   drops those it contracts (a partial sum, then an all-reduce or a
   reduce-scatter), a reduction drops the split of a reduced dimension, a
   reshape, transpose, broadcast or table lookup moves it (a dimension a
-  reshape takes apart keeps it on the leading part and, where the axis
-  outnumbers that part, on the next: grouped-query heads), an FFT keeps it
+  reshape takes apart keeps it on the leading part, as far as the part and
+  the axis both divide, and where the axis outnumbers that part, on the
+  next: grouped-query heads), an FFT keeps it
   (XLA transforms a gathered copy and slices its part back:
   `Step.unpartitioned`). Where two operands
   of a matrix product bring one axis on different dimensions the weight's
@@ -82,10 +83,10 @@ def split_axes(step, weight_splits, sizes=None):
 
     `weight_splits`: per variable index (`step.weight_of`), {axis: dimension}
     of its layout on the candidate mesh; `sizes`: {axis: devices} of that
-    mesh (a reshape splits a dimension it takes apart only where the axis
-    fits it, `_reshape`; default: wherever it can). A call whose inputs are split as an
-    earlier call's of the same program were (a Llama's identical blocks)
-    reuses that call's result.
+    mesh (a dimension a reshape takes apart is split only as far as the axis
+    and its leading part both divide, `_reshape`; default: as if they did).
+    A call whose inputs are split as an earlier call's of the same program
+    were (a Llama's identical blocks) reuses that call's result.
     """
     sizes = sizes or {}
     splits = [{} for _ in step.size]
