@@ -52,7 +52,8 @@ into planner_vs_deviceless_families_held_out.json (with --devices 16 --models
 gemma3,t5,llama3,xlm_roberta, four of them on 16 devices, into ..._16.json;
 with --devices 4, all twelve on 4 devices, into ..._4.json;
 with --models llama3,xlm_roberta,t5,gemma3 --batch 8 --sequence 1024, four at
-1024 tokens, into ..._s1024.json; with --models llama3,electra,deberta_v3,xlm_roberta
+1024 tokens, into ..._s1024.json, and with --models llama3,xlm_roberta,t5,bart --batch 256 --sequence 64, four at 64
+tokens, into ..._s64.json; with --models llama3,electra,deberta_v3,xlm_roberta
 --dtype bfloat16, four in bfloat16 throughout, into ..._bfloat16.json, and with --models t5,qwen3 --dtype float16 two in
 float16 into ..._float16.json; with --width 512,4
 --models llama3,qwen3,xlm_roberta,t5,gemma3,smollm3,electra,bart,deberta_v3,esm, ten at hidden 512 and 4 layers,
