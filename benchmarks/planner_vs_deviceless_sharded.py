@@ -63,7 +63,8 @@ into ..._32.json; with --devices 6 --batch 48 --models llama3,qwen3,xlm_roberta,
 into ..._6.json, and with --width 384,2 --models llama3,xlm_roberta,gemma3 at hidden 384 into
 ..._6_h384_l2.json; with --devices 2 --batch 16 --models llama3,qwen3,xlm_roberta,gemma3,t5, five on 2 devices,
 into ..._2.json; with --devices 12 --batch 48 --width 384,2 --models llama3,xlm_roberta,gemma3,t5, four at hidden
-384 on 12 devices, into ..._12_h384_l2.json); with --families-unseen two families no earlier run compiled
+384 on 12 devices, into ..._12_h384_l2.json, and with --devices 24 the same four on 24 devices, into
+..._24_h384_l2.json); with --families-unseen two families no earlier run compiled
 (`FAMILIES_UNSEEN`: RoFormerV2, Whisper), into planner_vs_deviceless_families_unseen.json; with --outside-zoo six
 keras-hub backbones kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
 planner_vs_deviceless_outside_zoo.json;

@@ -136,6 +136,7 @@ FAMILIES_HELD_OUT_6_H384 = "benchmarks/results/planner_vs_deviceless_families_he
 FAMILIES_HELD_OUT_2 = "benchmarks/results/planner_vs_deviceless_families_held_out_2.json"  # five on 2 devices
 MIXED_PRECISION_16 = "benchmarks/results/planner_vs_deviceless_mixed_precision_16.json"  # two, mixed bf16, on 16
 FAMILIES_HELD_OUT_12_H384 = "benchmarks/results/planner_vs_deviceless_families_held_out_12_h384_l2.json"  # 4, on 12
+FAMILIES_HELD_OUT_24_H384 = "benchmarks/results/planner_vs_deviceless_families_held_out_24_h384_l2.json"  # 4, on 24
 FAMILIES_6_H384 = "benchmarks/results/planner_vs_deviceless_families_6_h384_l2.json"  # Falcon, GPT-NeoX, Phi-3 on 6
 FAMILIES_HELD_OUT_FLOAT16 = "benchmarks/results/planner_vs_deviceless_families_held_out_float16.json"  # T5, Qwen3
 FAMILIES_HELD_OUT_S64 = "benchmarks/results/planner_vs_deviceless_families_held_out_s64.json"  # 4, 256 x 64 tokens
@@ -329,6 +330,23 @@ def test_on_12_devices_at_hidden_384_every_mesh_is_in_its_band_and_t5s_heads_are
     t5 = {r["mesh"]: r["ratio"] for r in rows if r["config"].startswith("t5")}
     assert all(0.95 <= t5[m] <= 1.05 for m in ("data=4,model=3", "data=2,fsdp=2,model=3", "fsdp=4,model=3"))
     assert all(t5[m] >= 0.95 for m in ("fsdp=2,model=6", "data=2,model=6", "model=12"))
+
+
+def test_on_24_devices_only_t5s_model_8_meshes_with_an_axis_of_3_beside_them_are_above_their_bands_top():
+    """The four families of the 12-device run on every mesh of 24 (`--devices 24 --batch 48 --width 384,2`),
+    compiled after every rule. Only T5's data=3,model=8 and fsdp=3,model=8 are above their band's top: XLA holds
+    a combined all-reduce of activation gradients over the model axis there, which the estimate does not model
+    (docs/plan.md, "Twenty-four devices, held out")."""
+    rows = _rows(FAMILIES_HELD_OUT_24_H384)
+    assert {r["config"].split()[0] for r in rows} == {"llama3", "xlm_roberta", "gemma3", "t5"} and len(rows) == 120
+    assert {"fsdp=24", "data=8,fsdp=3", "fsdp=8,model=3", "data=4,model=6", "data=2,model=12", "model=24"} <= {
+        r["mesh"] for r in rows
+    }
+    above = _above_the_band_top(rows)
+    assert above == {("t5", "data=3,model=8"), ("t5", "fsdp=3,model=8")}
+    under = [r for r in rows if _more_than_5_percent_under(r)]
+    assert {r["config"].split()[0] for r in under} == {"t5", "gemma3"}
+    assert all(r["ratio"] > 0.92 for r in under if (r["config"].split()[0], r["mesh"]) not in above)
 
 
 def test_three_families_compiled_after_the_head_split_rule_keep_the_safety_rule_on_6_devices():
