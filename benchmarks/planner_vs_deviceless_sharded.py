@@ -67,7 +67,8 @@ into ..._2.json; with --devices 12 --batch 48 --width 384,2 --models llama3,xlm_
 ..._24_h384_l2.json); with --families-unseen two families no earlier run compiled
 (`FAMILIES_UNSEEN`: RoFormerV2, Whisper), into planner_vs_deviceless_families_unseen.json; with --outside-zoo six
 keras-hub backbones kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
-planner_vs_deviceless_outside_zoo.json;
+planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run had compiled (`NEWEST_FAMILIES`:
+Gemma 4, T5Gemma), into planner_vs_deviceless_newest_families.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -348,6 +349,53 @@ FAMILIES_OUTSIDE_ZOO = [
     ),
 ]
 
+# Newest: two keras-hub backbones no earlier run compiled and kdist.zoo does not have, added 2026-11-28 after every
+# rule of the estimate (Gemma 4 text-only, with sliding-window layers; T5Gemma, an encoder-decoder of Gemma layers with
+# grouped-query attention), at the widths above. `--newest-families` plans and compiles these into
+# planner_vs_deviceless_newest_families.json.
+_GQA = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=32)
+NEWEST_FAMILIES = [
+    (
+        "gemma4 h256 2 layers b32 s256",
+        "Gemma4Backbone",
+        dict(
+            vocabulary_size=4096,
+            image_size=None,
+            num_layers=2,
+            num_query_heads=8,
+            num_key_value_heads=2,
+            hidden_dim=256,
+            intermediate_dim=1024,
+            head_dim=32,
+            sliding_window_size=128,
+            sliding_window_pattern=2,
+        ),
+        32,
+        256,
+    ),
+    (
+        "t5gemma h256 2+2 layers b32 s256",
+        "T5GemmaBackbone",
+        dict(
+            vocabulary_size=4096,
+            sliding_window=128,
+            **{
+                f"{part}_{key}": value
+                for part in ("encoder", "decoder")
+                for key, value in dict(
+                    hidden_dim=256,
+                    intermediate_dim=1024,
+                    num_layers=2,
+                    layer_types=["sliding_attention", "full_attention"],
+                    **_GQA,
+                ).items()
+            },
+        ),
+        32,
+        256,
+    ),
+]
+
 # A sublayer whose backward runs far more kernels than any above: Qwen3.5's gated delta net (a 63-step correction loop
 # per chunk, about 500 kernels in its backward against at most 33 in the configs the bands are drawn from).
 # `--long-spans` plans and compiles it into planner_vs_deviceless_long_spans.json (`calibration.LONG_SPAN_LOW`).
@@ -402,7 +450,7 @@ def config_named(model):
     """The first entry of the config lists above (CONFIGS ... CNNS_HELD_OUT) whose label begins with `model`'s words."""
     words = model.split()
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
-    every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO
+    every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO + NEWEST_FAMILIES
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -442,6 +490,9 @@ def main():
     parser.add_argument(
         "--outside-zoo", action="store_true", help="six keras-hub backbones outside kdist.zoo (FAMILIES_OUTSIDE_ZOO)"
     )
+    parser.add_argument(
+        "--newest-families", action="store_true", help="two keras-hub backbones added 2026-11-28 (NEWEST_FAMILIES)"
+    )
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
     parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
@@ -465,6 +516,8 @@ def main():
         configs, name = FAMILIES_UNSEEN, "families_unseen"
     elif args.outside_zoo:
         configs, name = FAMILIES_OUTSIDE_ZOO, "outside_zoo"
+    elif args.newest_families:
+        configs, name = NEWEST_FAMILIES, "newest_families"
     elif args.cnns:
         configs, name = CNNS, "cnns"
     elif args.long_spans:

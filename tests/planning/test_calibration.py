@@ -138,6 +138,7 @@ MIXED_PRECISION_16 = "benchmarks/results/planner_vs_deviceless_mixed_precision_1
 FAMILIES_HELD_OUT_12_H384 = "benchmarks/results/planner_vs_deviceless_families_held_out_12_h384_l2.json"  # 4, on 12
 FAMILIES_HELD_OUT_24_H384 = "benchmarks/results/planner_vs_deviceless_families_held_out_24_h384_l2.json"  # 4, on 24
 FAMILIES_6_H384 = "benchmarks/results/planner_vs_deviceless_families_6_h384_l2.json"  # Falcon, GPT-NeoX, Phi-3 on 6
+NEWEST_FAMILIES = "benchmarks/results/planner_vs_deviceless_newest_families.json"  # Gemma 4, T5Gemma on 8
 FAMILIES_HELD_OUT_FLOAT16 = "benchmarks/results/planner_vs_deviceless_families_held_out_float16.json"  # T5, Qwen3
 FAMILIES_HELD_OUT_S64 = "benchmarks/results/planner_vs_deviceless_families_held_out_s64.json"  # 4, 256 x 64 tokens
 
@@ -348,6 +349,17 @@ def test_on_24_devices_only_t5s_model_8_meshes_with_an_axis_of_3_beside_them_are
     under = [r for r in rows if _more_than_5_percent_under(r)]
     assert {r["config"].split()[0] for r in under} == {"t5", "gemma3"}
     assert all(r["ratio"] > 0.92 for r in under if (r["config"].split()[0], r["mesh"]) not in above)
+
+
+def test_two_backbones_added_last_keep_the_safety_rule_and_their_bands_on_every_mesh_of_8():
+    """Gemma 4 and T5Gemma, which no earlier run compiled and no rule looked at (`--newest-families`): none more than
+    5% under, every row in its band, Gemma 4 within 5% on every mesh (docs/plan.md, "Two backbones added last, held
+    out")."""
+    rows = _rows(NEWEST_FAMILIES)
+    assert {r["config"].split()[0] for r in rows} == {"gemma4", "t5gemma"} and len(rows) == 20
+    assert not any(_more_than_5_percent_under(r) for r in rows)
+    assert all(r["in_band"] for r in rows) and not _above_the_band_top(rows)
+    assert all(0.95 <= r["ratio"] <= 1.05 for r in rows if r["config"].startswith("gemma4"))
 
 
 def test_three_families_compiled_after_the_head_split_rule_keep_the_safety_rule_on_6_devices():
