@@ -354,7 +354,6 @@ FAMILIES_OUTSIDE_ZOO = [
 # rule of the estimate (Gemma 4 text-only, with sliding-window layers; T5Gemma, an encoder-decoder of Gemma layers with
 # grouped-query attention), at the widths above. `--newest-families` plans and compiles these into
 # planner_vs_deviceless_newest_families.json.
-_GQA = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=32)
 NEWEST_FAMILIES = [
     (
         "gemma4 h256 2 layers b32 s256",
@@ -388,7 +387,9 @@ NEWEST_FAMILIES = [
                     intermediate_dim=1024,
                     num_layers=2,
                     layer_types=["sliding_attention", "full_attention"],
-                    **_GQA,
+                    num_attention_heads=8,
+                    num_key_value_heads=2,
+                    head_dim=32,
                 ).items()
             },
         ),
