@@ -69,7 +69,8 @@ into ..._2.json; with --devices 12 --batch 48 --width 384,2 --models llama3,xlm_
 keras-hub backbones kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
 planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run had compiled (`NEWEST_FAMILIES`:
 Gemma 4, T5Gemma), into planner_vs_deviceless_newest_families.json (with --dtype bfloat16 and --devices 16 into
-..._bfloat16.json and ..._16.json);
+..._bfloat16.json and ..._16.json); with --other-backbones eight more (`OTHER_BACKBONES`: SmolLM, PaliGemma,
+ViTDet, MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into planner_vs_deviceless_other_backbones.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -398,6 +399,142 @@ NEWEST_FAMILIES = [
     ),
 ]
 
+# Other backbones: eight keras-hub backbones no earlier run compiled, added 2026-11-28 after every rule of the estimate
+# (two language models, SmolLM and PaliGemma with its image encoder; two vision transformers, ViTDet with windowed
+# attention and MiT's efficient attention; four CNNs, VGG, ResNet with basic blocks, Xception and HGNetV2), at about the
+# widths above (hidden 256; 128 x 128 images, ViTDet's 256 x 256). `--other-backbones` plans and compiles these into
+# planner_vs_deviceless_other_backbones.json. Two more were tried and are not here: verify cannot build Keras's
+# compiled step for Moonshine (its padding-mask output) and VideoPrism (`docs/plan.md`, "Eight more backbones").
+OTHER_BACKBONES = [
+    (
+        "smollm h256 2 layers b32 s256",
+        "SmolLMBackbone",
+        dict(
+            vocabulary_size=4096,
+            hidden_dim=256,
+            intermediate_dim=1024,
+            num_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            attention_bias=False,
+            attention_dropout=0.0,
+            rope_layer_enabled_list=[True, False],
+            layer_types=["attention", "attention"],
+            mlp_bias=False,
+            layer_norm_epsilon=1e-6,
+            max_position_embeddings=256,
+            rope_theta=10000.0,
+            partial_rotary_factor=1.0,
+        ),
+        32,
+        256,
+    ),
+    (
+        "paligemma h256 2 layers i64 b32 s256",
+        "PaliGemmaBackbone",
+        dict(
+            vocabulary_size=4096,
+            image_size=64,
+            num_layers=2,
+            num_query_heads=8,
+            num_key_value_heads=1,
+            hidden_dim=256,
+            intermediate_dim=1024,
+            head_dim=32,
+            vit_patch_size=8,
+            vit_num_heads=8,
+            vit_hidden_dim=256,
+            vit_num_layers=2,
+        ),
+        32,
+        256,
+    ),
+    (
+        "vitdet h256 2 layers p16 256 b32",
+        "ViTDetBackbone",
+        dict(
+            hidden_size=256,
+            num_layers=2,
+            intermediate_dim=1024,
+            num_heads=8,
+            global_attention_layer_indices=[1],
+            image_shape=(256, 256, 3),
+            patch_size=16,
+            window_size=8,
+        ),
+        32,
+        None,
+    ),
+    (
+        "mit e64,128 1+1 blocks 128 b64",
+        "MiTBackbone",
+        dict(
+            layerwise_depths=[1, 1],
+            num_layers=2,
+            layerwise_num_heads=[1, 2],
+            layerwise_sr_ratios=[4, 2],
+            max_drop_path_rate=0.0,
+            layerwise_patch_sizes=[7, 3],
+            layerwise_strides=[4, 2],
+            image_shape=(128, 128, 3),
+            hidden_dims=[64, 128],
+        ),
+        64,
+        None,
+    ),
+    (
+        "vgg 32,64,128 128 b64",
+        "VGGBackbone",
+        dict(stackwise_num_repeats=[1, 1, 2], stackwise_num_filters=[32, 64, 128], image_shape=(128, 128, 3)),
+        64,
+        None,
+    ),
+    (
+        "resnet basic 64,128 128 b64",
+        "ResNetBackbone",
+        dict(
+            input_conv_filters=[64],
+            input_conv_kernel_sizes=[7],
+            stackwise_num_filters=[64, 128],
+            stackwise_num_blocks=[1, 1],
+            stackwise_num_strides=[1, 2],
+            block_type="basic_block",
+            image_shape=(128, 128, 3),
+        ),
+        64,
+        None,
+    ),
+    (
+        "xception 32-256 128 b64",
+        "XceptionBackbone",
+        dict(
+            stackwise_conv_filters=[[32, 64], [64, 128], [256, 256]],
+            stackwise_pooling=[True, True, False],
+            image_shape=(128, 128, 3),
+        ),
+        64,
+        None,
+    ),
+    (
+        "hgnetv2 64,128 128 b64",
+        "HGNetV2Backbone",
+        dict(
+            depths=[1, 1],
+            embedding_size=32,
+            hidden_sizes=[64, 128],
+            stem_channels=[3, 16, 32],
+            hidden_act="relu",
+            use_learnable_affine_block=False,
+            stackwise_stage_filters=[[32, 32, 64, 1, 3, 3], [64, 64, 128, 1, 3, 3]],
+            apply_downsample=[False, True],
+            use_lightweight_conv_block=[False, False],
+            image_shape=(128, 128, 3),
+        ),
+        64,
+        None,
+    ),
+]
+
 # A sublayer whose backward runs far more kernels than any above: Qwen3.5's gated delta net (a 63-step correction loop
 # per chunk, about 500 kernels in its backward against at most 33 in the configs the bands are drawn from).
 # `--long-spans` plans and compiles it into planner_vs_deviceless_long_spans.json (`calibration.LONG_SPAN_LOW`).
@@ -453,6 +590,7 @@ def config_named(model):
     words = model.split()
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
     every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO + NEWEST_FAMILIES
+    every += OTHER_BACKBONES
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -495,6 +633,9 @@ def main():
     parser.add_argument(
         "--newest-families", action="store_true", help="two keras-hub backbones added 2026-11-28 (NEWEST_FAMILIES)"
     )
+    parser.add_argument(
+        "--other-backbones", action="store_true", help="eight keras-hub backbones added 2026-11-28 (OTHER_BACKBONES)"
+    )
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
     parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
@@ -520,6 +661,8 @@ def main():
         configs, name = FAMILIES_OUTSIDE_ZOO, "outside_zoo"
     elif args.newest_families:
         configs, name = NEWEST_FAMILIES, "newest_families"
+    elif args.other_backbones:
+        configs, name = OTHER_BACKBONES, "other_backbones"
     elif args.cnns:
         configs, name = CNNS, "cnns"
     elif args.long_spans:

@@ -250,9 +250,15 @@ class _Walk:
                 self.step.agenda.append(("opt", grads[id(v)]))
 
     def materialized_scores(self):
-        """Whether some traced call made a (..., length, length) buffer: attention scores computed by the layer."""
+        """Whether some traced call's matrix product made a (..., length, length) value: attention scores computed
+        by the layer. A product, not any value: a 128 x 128 image's convolution kernels end in (128, 128) too."""
         s = self.sequence
-        return s > 1 and any(shape[-2:] == (s, s) for p in self.programs.values() for shape in p.flat.shape)
+        return s > 1 and any(
+            prim == "dot_general" and p.flat.shape[out][-2:] == (s, s)
+            for p in self.programs.values()
+            for prim, _, outs in p.flat.eqns
+            for out in outs
+        )
 
 
 def _config_key(op):

@@ -41,6 +41,24 @@ def test_the_slice_of_the_first_token_is_an_alias_of_the_value_it_is_cut_from():
     assert any(g in read or g in step.virtual for g in pooled)
 
 
+def _square_image_cnn(side, channels):
+    """A CNN on `side` x `side` images whose second convolution's kernel is (3, 3, channels, channels)."""
+    images = keras.Input((side, side, 3))
+    h = keras.layers.Conv2D(channels, 3, padding="same", activation="relu")(images)
+    h = keras.layers.Conv2D(channels, 3, padding="same", activation="relu")(h)
+    return keras.Model(images, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h)))
+
+
+@pytest.mark.parametrize("channels", [16, 24])
+def test_a_cnn_is_a_cnn_when_its_channels_equal_its_image_side(channels):
+    """Attention scores computed by a layer are found by their (..., length, length) shape; a 16 x 16 image's
+    (3, 3, 16, 16) kernel has that shape too, and is no attention (keras-hub's VGG and ResNet at 128 x 128 with 128
+    channels were banded as transformers)."""
+    model = kdist.abstract_model(lambda: _square_image_cnn(16, channels))
+    traced = trace_step(model, ModelFacts(model, "adam", None, None, None, resolve_target("gpu")).inputs)
+    assert traced.family == "cnn" and traced.attention == "none"
+
+
 def test_a_tiny_bert_backbone_is_planned():
     pytest.importorskip("keras_hub")
     from kdist import zoo
