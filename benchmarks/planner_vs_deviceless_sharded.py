@@ -69,8 +69,8 @@ into ..._2.json; with --devices 12 --batch 48 --width 384,2 --models llama3,xlm_
 keras-hub backbones kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
 planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run had compiled (`NEWEST_FAMILIES`:
 Gemma 4, T5Gemma), into planner_vs_deviceless_newest_families.json (with --dtype bfloat16 and --devices 16 into
-..._bfloat16.json and ..._16.json); with --other-backbones eight more (`OTHER_BACKBONES`: SmolLM, PaliGemma,
-ViTDet, MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into planner_vs_deviceless_other_backbones.json;
+..._bfloat16.json and ..._16.json); with --other-backbones seven more (`OTHER_BACKBONES`: PaliGemma, ViTDet,
+MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into planner_vs_deviceless_other_backbones.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -399,36 +399,13 @@ NEWEST_FAMILIES = [
     ),
 ]
 
-# Other backbones: eight keras-hub backbones no earlier run compiled, added 2026-11-28 after every rule of the estimate
-# (two language models, SmolLM and PaliGemma with its image encoder; two vision transformers, ViTDet with windowed
-# attention and MiT's efficient attention; four CNNs, VGG, ResNet with basic blocks, Xception and HGNetV2), at about the
-# widths above (hidden 256; 128 x 128 images, ViTDet's 256 x 256). `--other-backbones` plans and compiles these into
+# Other backbones: seven keras-hub backbones no earlier run compiled, added 2026-11-28 after every rule of the estimate
+# (PaliGemma, a language model with an image encoder; two vision transformers, ViTDet with windowed attention and MiT's
+# efficient attention; four CNNs, VGG, ResNet with basic blocks, Xception and HGNetV2), at about the widths above
+# (hidden 256; 128 x 128 images, ViTDet's 256 x 256). `--other-backbones` plans and compiles these into
 # planner_vs_deviceless_other_backbones.json. Two more were tried and are not here: verify cannot build Keras's
-# compiled step for Moonshine (its padding-mask output) and VideoPrism (`docs/plan.md`, "Eight more backbones").
+# compiled step for Moonshine (its attention-mask output) and VideoPrism (`docs/plan.md`, "Seven more backbones").
 OTHER_BACKBONES = [
-    (
-        "smollm h256 2 layers b32 s256",
-        "SmolLMBackbone",
-        dict(
-            vocabulary_size=4096,
-            hidden_dim=256,
-            intermediate_dim=1024,
-            num_layers=2,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            attention_bias=False,
-            attention_dropout=0.0,
-            rope_layer_enabled_list=[True, False],
-            layer_types=["attention", "attention"],
-            mlp_bias=False,
-            layer_norm_epsilon=1e-6,
-            max_position_embeddings=256,
-            rope_theta=10000.0,
-            partial_rotary_factor=1.0,
-        ),
-        32,
-        256,
-    ),
     (
         "paligemma h256 2 layers i64 b32 s256",
         "PaliGemmaBackbone",
@@ -634,7 +611,7 @@ def main():
         "--newest-families", action="store_true", help="two keras-hub backbones added 2026-11-28 (NEWEST_FAMILIES)"
     )
     parser.add_argument(
-        "--other-backbones", action="store_true", help="eight keras-hub backbones added 2026-11-28 (OTHER_BACKBONES)"
+        "--other-backbones", action="store_true", help="seven keras-hub backbones added 2026-11-28 (OTHER_BACKBONES)"
     )
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
