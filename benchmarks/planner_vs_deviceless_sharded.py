@@ -69,8 +69,9 @@ into ..._2.json; with --devices 12 --batch 48 --width 384,2 --models llama3,xlm_
 keras-hub backbones kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
 planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run had compiled (`NEWEST_FAMILIES`:
 Gemma 4, T5Gemma), into planner_vs_deviceless_newest_families.json (with --dtype bfloat16 and --devices 16 into
-..._bfloat16.json and ..._16.json); with --other-backbones seven more (`OTHER_BACKBONES`: PaliGemma, ViTDet,
-MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into planner_vs_deviceless_other_backbones.json;
+..._bfloat16.json and ..._16.json); with --other-backbones nine more (`OTHER_BACKBONES`: T5Gemma 2, Gemma 3n,
+PaliGemma, ViTDet, MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into
+planner_vs_deviceless_other_backbones.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -351,6 +352,21 @@ FAMILIES_OUTSIDE_ZOO = [
     ),
 ]
 
+# T5Gemma's and T5Gemma 2's two stacks at the widths above: 2 layers each, sliding-window then global attention.
+GEMMA_ENCODER_DECODER = {
+    f"{part}_{key}": value
+    for part in ("encoder", "decoder")
+    for key, value in dict(
+        hidden_dim=256,
+        intermediate_dim=1024,
+        num_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+    ).items()
+}
+
 # Newest: two keras-hub backbones no earlier run compiled and kdist.zoo does not have, added 2026-11-28 after every
 # rule of the estimate (Gemma 4 text-only, with sliding-window layers; T5Gemma, an encoder-decoder of Gemma layers with
 # grouped-query attention), at the widths above. `--newest-families` plans and compiles these into
@@ -380,31 +396,20 @@ NEWEST_FAMILIES = [
         dict(
             vocabulary_size=4096,
             sliding_window=128,
-            **{
-                f"{part}_{key}": value
-                for part in ("encoder", "decoder")
-                for key, value in dict(
-                    hidden_dim=256,
-                    intermediate_dim=1024,
-                    num_layers=2,
-                    layer_types=["sliding_attention", "full_attention"],
-                    num_attention_heads=8,
-                    num_key_value_heads=2,
-                    head_dim=32,
-                ).items()
-            },
+            **GEMMA_ENCODER_DECODER,
         ),
         32,
         256,
     ),
 ]
 
-# Other backbones: seven keras-hub backbones no earlier run compiled, added 2026-11-28 after every rule of the estimate
-# (PaliGemma, a language model with an image encoder; two vision transformers, ViTDet with windowed attention and MiT's
-# efficient attention; four CNNs, VGG, ResNet with basic blocks, Xception and HGNetV2), at about the widths above
-# (hidden 256; 128 x 128 images, ViTDet's 256 x 256). `--other-backbones` plans and compiles these into
-# planner_vs_deviceless_other_backbones.json. Two more were tried and are not here: verify cannot build Keras's
-# compiled step for Moonshine (its attention-mask output) and VideoPrism (`docs/plan.md`, "Seven more backbones").
+# Other backbones: nine keras-hub backbones no earlier run compiled, added 2026-11-28 after every rule of the estimate
+# (three language models: T5Gemma 2, Gemma 3n text-only, PaliGemma with its image encoder; two vision transformers,
+# ViTDet with windowed attention and MiT's efficient attention; four CNNs, VGG, ResNet with basic blocks, Xception and
+# HGNetV2), at about the widths above (hidden 256; 128 x 128 images, ViTDet's 256 x 256). `--other-backbones` plans
+# and compiles these into planner_vs_deviceless_other_backbones.json. Two more were tried and are not here: verify
+# cannot build Keras's compiled step for Moonshine (its attention-mask output) and VideoPrism (`docs/plan.md`, "Nine
+# more backbones").
 OTHER_BACKBONES = [
     (
         "paligemma h256 2 layers i64 b32 s256",
@@ -422,6 +427,42 @@ OTHER_BACKBONES = [
             vit_num_heads=8,
             vit_hidden_dim=256,
             vit_num_layers=2,
+        ),
+        32,
+        256,
+    ),
+    (
+        "t5gemma2 h256 2+2 layers b32 s256",
+        "T5Gemma2Backbone",
+        dict(
+            vocabulary_size=4096,
+            sliding_window=128,
+            **GEMMA_ENCODER_DECODER,
+        ),
+        32,
+        256,
+    ),
+    (
+        "gemma3n h256 2 layers b32 s256",
+        "Gemma3nBackbone",
+        dict(
+            text_vocab_size=4096,
+            text_hidden_size=256,
+            num_hidden_layers=2,
+            pad_token_id=0,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=[1024, 1024],
+            hidden_activation="gelu_approximate",
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=128,
+            rope_theta=10000.0,
+            max_position_embeddings=512,
+            vocab_size_per_layer_input=4096,
+            hidden_size_per_layer_input=64,
+            altup_num_inputs=2,
+            laurel_rank=16,
         ),
         32,
         256,
@@ -611,7 +652,7 @@ def main():
         "--newest-families", action="store_true", help="two keras-hub backbones added 2026-11-28 (NEWEST_FAMILIES)"
     )
     parser.add_argument(
-        "--other-backbones", action="store_true", help="seven keras-hub backbones added 2026-11-28 (OTHER_BACKBONES)"
+        "--other-backbones", action="store_true", help="nine keras-hub backbones added 2026-11-28 (OTHER_BACKBONES)"
     )
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
