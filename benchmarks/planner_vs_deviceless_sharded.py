@@ -352,20 +352,24 @@ FAMILIES_OUTSIDE_ZOO = [
     ),
 ]
 
-# T5Gemma's and T5Gemma 2's two stacks at the widths above: 2 layers each, sliding-window then global attention.
-GEMMA_ENCODER_DECODER = {
-    f"{part}_{key}": value
-    for part in ("encoder", "decoder")
-    for key, value in dict(
-        hidden_dim=256,
-        intermediate_dim=1024,
-        num_layers=2,
-        layer_types=["sliding_attention", "full_attention"],
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=32,
-    ).items()
-}
+# T5Gemma's and T5Gemma 2's config at the widths above: two stacks of 2 layers, sliding-window then global attention.
+GEMMA_ENCODER_DECODER = dict(
+    vocabulary_size=4096,
+    sliding_window=128,
+    **{
+        f"{part}_{key}": value
+        for part in ("encoder", "decoder")
+        for key, value in dict(
+            hidden_dim=256,
+            intermediate_dim=1024,
+            num_layers=2,
+            layer_types=["sliding_attention", "full_attention"],
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=32,
+        ).items()
+    },
+)
 
 # Newest: two keras-hub backbones no earlier run compiled and kdist.zoo does not have, added 2026-11-28 after every
 # rule of the estimate (Gemma 4 text-only, with sliding-window layers; T5Gemma, an encoder-decoder of Gemma layers with
@@ -393,11 +397,7 @@ NEWEST_FAMILIES = [
     (
         "t5gemma h256 2+2 layers b32 s256",
         "T5GemmaBackbone",
-        dict(
-            vocabulary_size=4096,
-            sliding_window=128,
-            **GEMMA_ENCODER_DECODER,
-        ),
+        GEMMA_ENCODER_DECODER,
         32,
         256,
     ),
@@ -434,11 +434,7 @@ OTHER_BACKBONES = [
     (
         "t5gemma2 h256 2+2 layers b32 s256",
         "T5Gemma2Backbone",
-        dict(
-            vocabulary_size=4096,
-            sliding_window=128,
-            **GEMMA_ENCODER_DECODER,
-        ),
+        GEMMA_ENCODER_DECODER,
         32,
         256,
     ),
