@@ -156,7 +156,7 @@ def analyse(p, rules):
             used = tuple(sorted({r for x in ins for r in roots[x]}))
             in_place = ()
             if kinds[i] in ("elementwise", "alias") or f.eqns[i][0] in IN_PLACE_KERNELS:
-                normalized = _normalized_operands(i, used, f, producer, kinds, roots, reach)
+                normalized = _normalized_operands(used, f, producer, kinds, roots, reach)
                 in_place = tuple(r for r in used if r not in normalized)
             kernels.append((i, made, maybe, used, in_place))
     p.in_needs_buffer, p.in_readers = {}, {}
@@ -197,16 +197,17 @@ def analyse(p, rules):
     return p
 
 
-def _normalized_operands(i, used, f, producer, kinds, roots, reach):
-    """Buffers elementwise kernel i reads both directly and through last-axis reductions made for it alone.
+def _normalized_operands(used, f, producer, kinds, roots, reach):
+    """Buffers an elementwise kernel reading `used` reads both directly and through a last-axis reduction of them.
 
-    That is a normalization (a softmax or its backward, a norm's backward):
-    XLA:GPU fuses the reductions and the elementwise kernel into one kernel
-    (SoftmaxRewriterTriton's normalization diamond), which reads its operands
-    twice and does not write its output over them.
+    That is a normalization (a softmax or its backward, a norm's backward, the
+    loss's gradient over the logits): XLA:GPU fuses the reductions and the
+    elementwise kernel into one kernel (SoftmaxRewriterTriton's normalization
+    diamond), which reads its operands twice and does not write its output
+    over them. A reduction other kernels read too is computed again inside it
+    (the loss's gradient takes the logits' row maximum again).
     """
-    own = {i, *(("out", o) for o in f.eqns[i][2])}
-    reduced, todo, seen = set(), [r for r in used if reach[r] <= own], set()
+    reduced, todo, seen = set(), list(used), set()
     while todo:
         r = todo.pop()
         j = producer[r]

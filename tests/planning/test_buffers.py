@@ -38,6 +38,20 @@ def test_a_softmax_backward_does_not_write_over_the_gradient_it_normalizes():
     assert g not in writable
 
 
+def test_the_loss_gradient_does_not_write_over_the_logits_though_the_forward_reads_their_maximum_too():
+    """XLA:GPU takes the row maximum again inside the gradient's kernel, which then reads the logits twice."""
+    hidden, labels = jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((64, 128), jnp.float32)
+    w = jax.ShapeDtypeStruct((32, 128), jnp.float32)
+
+    def fn(trainable, diff, const):
+        return [-jnp.sum(jax.nn.log_softmax(const[0] @ diff[0], axis=-1) * const[1])]
+
+    p = buffers.analyse(trace.trace_program(fn, [], [hidden, labels], [w]), buffers.Rules())
+    (logits,) = [outs[0] for prim, _, outs in p.flat.eqns[: p.n_fwd] if prim == "dot_general"]
+    readers = [k for k in p.kernels if k[0] >= p.n_fwd and logits in k[3]]
+    assert readers and all(logits not in writable for *_, writable in readers)
+
+
 def test_an_elementwise_backward_writes_over_the_gradient_it_reads_last():
     p, read, writable = _input_gradient_kernel(jnp.tanh)
     g = _score_gradient(p)

@@ -580,7 +580,7 @@ def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():
     assert classes["fsdp=8"] == "fsdp transformers"
     assert classes["model=8"] == classes["data=2,fsdp=2,model=2"] == "model-axis transformers"
     data, model8 = result.candidate("data=8"), result.candidate("model=8")
-    assert data.band == (int(data.peak * 0.92), int(data.peak * 1.27) + GEMM_WORKSPACE)
+    assert data.band == (int(data.peak * 0.91), int(data.peak * 1.15) + GEMM_WORKSPACE)
     assert model8.band == (int(model8.peak * 0.66), int(model8.peak * 1.07) + GEMM_WORKSPACE)
     assert any("model-axis transformers -34%/+7%" in note for note in result.notes)
     assert result.recommendation.band_class in result.reason
@@ -644,7 +644,7 @@ def test_experts_on_several_devices_get_a_band_up_to_the_most_xla_took_over_the_
     tops = {c.spec: c.band[1] - GEMM_WORKSPACE for c in (fsdp, model, data)}
     assert tops["fsdp=8"] == int(fsdp.peak * MOE_FSDP_HIGH) and "experts on an fsdp mesh" in fsdp.band_why
     assert tops["data=4,model=2"] == int(model.peak * MOE_HIGH) and "experts on several devices" in model.band_why
-    assert "experts" not in data.band_why and tops["data=8"] > int(data.peak * MOE_HIGH)  # its class reaches further
+    assert "experts" not in data.band_why and tops["data=8"] >= int(data.peak * MOE_HIGH)  # its class reaches as far
 
 
 def test_unsure_estimates_get_a_wider_band_and_say_why():
@@ -656,12 +656,12 @@ def test_unsure_estimates_get_a_wider_band_and_say_why():
     plain = kdist.plan(model, 1, batch_size=16).candidates[0]
     rematted = kdist.plan(model, 1, batch_size=16, remat=True)
     c = rematted.candidates[0]
-    assert c.band[0] == int(c.peak * 0.92 * 0.88) and "remat" in c.band_why
+    assert c.band[0] == int(c.peak * 0.91 * 0.88) and "remat" in c.band_why
     assert any("band: remat" in note for note in rematted.notes)
     assert not plain.band_why
     fused = kdist.plan(model, 1, batch_size=16, attention="fused").candidates[0]
     assert "does not take cuDNN's kernel" in fused.band_why
-    assert fused.band == (int(fused.peak * 0.92), int(fused.peak * FUSED_GPU_HIGH) + GEMM_WORKSPACE)
+    assert fused.band == (int(fused.peak * 0.91), int(fused.peak * FUSED_GPU_HIGH) + GEMM_WORKSPACE)
     variables = kdist.plan(model.weights, 1, batch_size=16).candidates[0]
     assert variables.band is None and "activations not estimated" in variables.band_why
     assert kdist.plan(model, 1, batch_size=16, target="cpu").candidates[0].band is None
