@@ -71,7 +71,9 @@ planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run h
 Gemma 4, T5Gemma), into planner_vs_deviceless_newest_families.json (with --dtype bfloat16 and --devices 16 into
 ..._bfloat16.json and ..._16.json); with --other-backbones nine more (`OTHER_BACKBONES`: T5Gemma 2, Gemma 3n,
 PaliGemma, ViTDet, MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into
-planner_vs_deviceless_other_backbones.json;
+planner_vs_deviceless_other_backbones.json; with --causal-lms four keras-hub causal language models, task and loss
+whole (`CAUSAL_LMS`: Llama 3, Qwen3, Gemma 3, GPT-2 with a vocabulary of 16384), into
+planner_vs_deviceless_causal_lms.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -180,9 +182,17 @@ CONFIGS = [
 
 def hub_builder(cls, config):
     """A function building keras-hub's backbone `cls` (or a dotted path: "keras.applications.MobileNetV2") with
-    `config` (keras-hub imported when it runs, after kdist)."""
+    `config` (keras-hub imported when it runs, after kdist); a task's `config["backbone"]`, a (class, config) pair,
+    is built first."""
     module, _, name = cls.rpartition(".")
-    return lambda: getattr(importlib.import_module(module or "keras_hub.models"), name)(**config)
+
+    def build():
+        kwargs = dict(config)
+        if isinstance(kwargs.get("backbone"), tuple):
+            kwargs["backbone"] = hub_builder(*kwargs["backbone"])()
+        return getattr(importlib.import_module(module or "keras_hub.models"), name)(**kwargs)
+
+    return build
 
 
 # Mixture-of-experts backbones: kdist's tiny zoo configs (hidden 64, 2 layers, 4 experts, top 2) at a batch that makes
@@ -275,6 +285,24 @@ FAMILIES_HELD_OUT = _widened(
     "gemma3 qwen3 llama3 smollm3 electra albert xlm_roberta deberta_v3 t5 bart esm f_net".split(),
     {"gemma3": NO_SOFT_CAPS},
 )
+
+# Causal language models: keras-hub tasks (backbone, a vocabulary-sized head, and the loss Keras compiles them with:
+# sparse cross-entropy over the logits), which no other run compiles: its configs are backbones. Four of the families
+# above with a vocabulary of 16384, so that the logits and their gradient are the step's largest values.
+# `--causal-lms` plans and compiles these into planner_vs_deviceless_causal_lms.json.
+CAUSAL_LMS = [
+    (
+        label.replace(" h256", " causal lm h256").replace(" b32", " v16384 b32"),
+        BACKBONES[family].replace("Backbone", "CausalLM"),
+        dict(backbone=(BACKBONES[family], {**config, "vocabulary_size": 16384}), preprocessor=None),
+        batch,
+        sequence,
+    )
+    for family, (label, _, config, batch, sequence) in zip(
+        ("llama3", "qwen3", "gemma3", "gpt2"),
+        _widened(("llama3", "qwen3", "gemma3", "gpt2"), {"gemma3": NO_SOFT_CAPS}),
+    )
+]
 
 # Unseen: two families of kdist.zoo.TINY no rule, band or earlier run has compiled, widened the same way (RoFormerV2's
 # head size and Whisper's position tables grown with them). `--families-unseen` plans and compiles these into
@@ -604,7 +632,7 @@ def config_named(model):
     words = model.split()
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
     every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO + NEWEST_FAMILIES
-    every += OTHER_BACKBONES
+    every += OTHER_BACKBONES + CAUSAL_LMS
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -650,6 +678,7 @@ def main():
     parser.add_argument(
         "--other-backbones", action="store_true", help="nine keras-hub backbones added 2026-11-28 (OTHER_BACKBONES)"
     )
+    parser.add_argument("--causal-lms", action="store_true", help="keras-hub causal language models (CAUSAL_LMS)")
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
     parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
@@ -677,6 +706,8 @@ def main():
         configs, name = NEWEST_FAMILIES, "newest_families"
     elif args.other_backbones:
         configs, name = OTHER_BACKBONES, "other_backbones"
+    elif args.causal_lms:
+        configs, name = CAUSAL_LMS, "causal_lms"
     elif args.cnns:
         configs, name = CNNS, "cnns"
     elif args.long_spans:

@@ -1,4 +1,5 @@
 import keras
+import pytest
 
 import kdist
 from tests.helpers import float_scaled_model
@@ -17,3 +18,19 @@ def test_a_weight_a_python_number_initializes_traces_while_abstract():
     model = kdist.abstract_model(float_scaled_model)
     assert tuple(model.compute_output_spec(keras.KerasTensor((2, 8))).shape) == (2, 16)
     assert all(v._value is None for v in model.variables)
+
+
+def test_a_variable_made_from_a_value_is_abstract_too():
+    """keras-hub's tasks compile themselves when built: Keras makes the optimizer's step count and learning rate from
+    values, which Keras's stateless scope refuses. Under `abstract_model` they are deferred like the weights."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from kdist.zoo import TINY
+
+    def build():
+        return keras_hub.models.Llama3CausalLM(keras_hub.models.Llama3Backbone(**TINY["llama3"]), preprocessor=None)
+
+    model = kdist.abstract_model(build)
+    assert all(v._value is None for v in model.variables)
+    assert model.optimizer.iterations._value is None and tuple(model.optimizer.iterations.shape) == ()
+    assert "__init__" not in vars(keras.Variable)  # Keras's own again after the block
+    assert keras.Variable(3.0).numpy() == 3.0

@@ -31,7 +31,6 @@ from kdist.checkpoint.streaming import H5Weight, Staging, target_of
 from kdist.errors import ArgumentError, ArgumentTypeError, CheckpointError, MissingDependencyError, ModelError, cause
 from kdist.keras_internals import deferred
 from kdist.keras_internals.loading import (
-    deferred_values_too,
     initialize_deferred,
     intercepted_weight_loads,
     is_deferred,
@@ -233,7 +232,7 @@ def _build_keras_file(path, distribution):
     except (KeyError, UnicodeDecodeError) as e:
         raise CheckpointError(f"kdist.load: {path!r} has no readable {KERAS_CONFIG}: {e}") from e
     try:
-        with deferred_values_too() as created:  # a compiled model's optimizer is made from values (its iteration)
+        with deferred() as created:  # a compiled model's optimizer is made from values (its iteration): deferred too
             model = keras.models.model_from_json(config)
     except Exception as e:
         raise CheckpointError(f"kdist.load: cannot build the model of {path!r}: {_keras_message(e)}") from e

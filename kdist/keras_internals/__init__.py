@@ -80,19 +80,49 @@ def deferred():
     `StatelessScope` (Keras opens them while training) does not allocate
     them behind your back. Yields a list that holds those variables once the block ends.
     Tracing reads such a variable from its initializer, made to return an array (`_Registered`).
+    A variable made from a value (an optimizer's iteration count and learning rate: keras-hub's tasks compile
+    themselves when built) is deferred too, its value kept as its initializer, where Keras's stateless scope
+    raises; `keras.Variable.__init__` is wrapped inside the block for that.
     """
     outer = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
     before = len(outer)
     created = []  # yielded: the variables made inside, filled in when the block ends
     global_state.set_global_attribute("uninitialized_variables", _Registered(outer))
     try:
-        with keras.StatelessScope(initialize_variables=False):
+        with keras.StatelessScope(initialize_variables=False), _values_as_initializers():
             yield created
     finally:
         pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
         created.extend(pending[before:])
         outer[:] = pending[:before]
         global_state.set_global_attribute("uninitialized_variables", outer)
+
+
+@contextlib.contextmanager
+def _values_as_initializers():
+    """Inside the block, a `keras.Variable` made from a value gets an initializer returning it instead."""
+    variable_class = keras.Variable
+    had_own_init = "__init__" in vars(variable_class)
+    original_init = variable_class.__init__
+
+    def init(self, initializer, shape=None, dtype=None, *args, **kwargs):
+        if keras.backend.is_keras_tensor(initializer) or callable(initializer) or isinstance(initializer, str):
+            return original_init(self, initializer, shape, dtype, *args, **kwargs)
+        value = keras.ops.convert_to_tensor(initializer, dtype=dtype)
+
+        def constant(shape, dtype=None):
+            return value if dtype is None else keras.ops.cast(value, dtype)
+
+        return original_init(self, constant, tuple(value.shape), dtype or value.dtype, *args, **kwargs)
+
+    variable_class.__init__ = init
+    try:
+        yield
+    finally:
+        if had_own_init:
+            variable_class.__init__ = original_init
+        else:
+            del variable_class.__init__
 
 
 class _Registered(list):

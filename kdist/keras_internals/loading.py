@@ -7,7 +7,7 @@ import contextlib
 
 import keras
 
-from kdist.keras_internals import check_internals, deferred, missing_module, set_array
+from kdist.keras_internals import check_internals, missing_module, set_array
 
 try:
     from keras.src.saving import saving_lib
@@ -56,38 +56,6 @@ def intercepted_weight_loads(wrap_dataset, stage):
             variable_class.assign = original_assign
         else:
             del variable_class.assign
-
-
-@contextlib.contextmanager
-def deferred_values_too():
-    """`deferred()`, where a variable made from a value (an optimizer's iteration count, its learning rate) is
-    deferred too, its value kept as its initializer, instead of Keras's error for values in a stateless scope.
-
-    Wraps `keras.Variable.__init__` inside the block. Checked against keras 3.15.1.
-    """
-    variable_class = keras.Variable
-    had_own_init = "__init__" in vars(variable_class)
-    original_init = variable_class.__init__
-
-    def init(self, initializer, shape=None, dtype=None, *args, **kwargs):
-        if keras.backend.is_keras_tensor(initializer) or callable(initializer) or isinstance(initializer, str):
-            return original_init(self, initializer, shape, dtype, *args, **kwargs)
-        value = keras.ops.convert_to_tensor(initializer, dtype=dtype)
-
-        def constant(shape, dtype=None):
-            return value if dtype is None else keras.ops.cast(value, dtype)
-
-        return original_init(self, constant, tuple(value.shape), dtype or value.dtype, *args, **kwargs)
-
-    variable_class.__init__ = init
-    try:
-        with deferred() as created:
-            yield created
-    finally:
-        if had_own_init:
-            variable_class.__init__ = original_init
-        else:
-            del variable_class.__init__
 
 
 def is_deferred(variable):

@@ -194,6 +194,22 @@ def test_verify_compiles_and_is_close_to_the_estimate():
     assert any("CPU proxy" in note for note in result.notes)
 
 
+def _tiny_causal_lm():
+    """keras-hub's Llama 3 causal LM (its backbone, a vocabulary-sized head), which compiles itself when built: Keras
+    makes its Adam's step count and learning rate from values, which a stateless scope refuses."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from kdist.zoo import TINY
+
+    return keras_hub.models.Llama3CausalLM(keras_hub.models.Llama3Backbone(**TINY["llama3"]), preprocessor=None)
+
+
+def test_a_keras_hub_task_that_compiles_itself_is_planned_and_verified():
+    result = kdist.plan(_tiny_causal_lm, 8, batch_size=16, sequence_length=16, verify=["data=8"])
+    checked = result.candidate("data=8")
+    assert checked.compiled and 0.7 <= checked.ratio <= 1.4, (checked.peak, checked.compiled)
+    assert checked.loss > 0  # the logits' gradient, at the peak
+
+
 def _halving_model():
     """Token ids in, a strided convolution halving the sequence, logits out (as Whisper's encoder does)."""
     tokens = keras.Input((None,), dtype="int32")
