@@ -89,6 +89,34 @@ def test_sharded_rows_fall_in_the_band_of_their_class():
         assert 0.9 <= c.ratio <= 1.1, (spec, c.ratio)
 
 
+@needs_plugin
+def test_a_causal_lm_with_its_head_and_loss_is_within_10_percent():
+    """A subset of `planner_vs_deviceless_sharded.py --causal-lms` at a quarter of the size: a keras-hub Llama 3 task
+    whose 8192 logits and their gradient, held at once as XLA does, are the step's largest values."""
+    keras_hub = pytest.importorskip("keras_hub")
+    config = dict(
+        vocabulary_size=8192,
+        num_layers=2,
+        num_query_heads=8,
+        num_key_value_heads=2,
+        hidden_dim=128,
+        intermediate_dim=512,
+    )
+    result = kdist.plan(
+        lambda: keras_hub.models.Llama3CausalLM(keras_hub.models.Llama3Backbone(**config), preprocessor=None),
+        8,
+        batch_size=32,
+        sequence_length=128,
+        target="H100",
+        attention="materialized",
+        verify=["data=8", "fsdp=8", "data=4,model=2"],
+        verify_target="H100",
+    )
+    for spec in ("data=8", "fsdp=8", "data=4,model=2"):
+        c = result.candidate(spec)
+        assert 0.95 <= c.ratio <= 1.1 and c.band[0] <= c.compiled["peak"] <= c.band[1], (spec, c.ratio, c.band)
+
+
 def _depthwise_model():
     """A 1 x 1 convolution to 512 channels, a 3 x 3 depthwise one (4608 elements: over FSDP_MIN_SIZE), a 1 x 1 one."""
     x = images = keras.Input((28, 28, 16))
