@@ -71,9 +71,9 @@ planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run h
 Gemma 4, T5Gemma), into planner_vs_deviceless_newest_families.json (with --dtype bfloat16 and --devices 16 into
 ..._bfloat16.json and ..._16.json); with --other-backbones nine more (`OTHER_BACKBONES`: T5Gemma 2, Gemma 3n,
 PaliGemma, ViTDet, MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into
-planner_vs_deviceless_other_backbones.json; with --causal-lms four keras-hub causal language models, task and loss
-whole (`CAUSAL_LMS`: Llama 3, Qwen3, Gemma 3, GPT-2 with a vocabulary of 16384), into
-planner_vs_deviceless_causal_lms.json;
+planner_vs_deviceless_other_backbones.json; with --tasks six keras-hub tasks, head and loss whole (`TASKS`:
+the causal LMs of Llama 3, Qwen3, Gemma 3 and GPT-2 with a vocabulary of 16384, BART's seq2seq LM, a BERT text
+classifier), into planner_vs_deviceless_tasks.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -286,21 +286,29 @@ FAMILIES_HELD_OUT = _widened(
     {"gemma3": NO_SOFT_CAPS},
 )
 
-# Causal language models: keras-hub tasks (backbone, a vocabulary-sized head, and the loss Keras compiles them with:
-# sparse cross-entropy over the logits), which no other run compiles: its configs are backbones. Four of the families
-# above with a vocabulary of 16384, so that the logits and their gradient are the step's largest values.
-# `--causal-lms` plans and compiles these into planner_vs_deviceless_causal_lms.json.
-CAUSAL_LMS = [
+# keras-hub tasks: a backbone, its head, and the loss Keras compiles the task with (sparse cross-entropy), which no
+# other run compiles: its configs are backbones. Four causal LMs and BART's seq2seq LM with a vocabulary of 16384, so
+# that the logits and their gradient are the step's largest values, and a BERT text classifier (3 classes).
+# `--tasks` plans and compiles these into planner_vs_deviceless_tasks.json.
+TASK_HEADS = {  # family: (its task in the label, the task class's suffix, the task's own settings)
+    "llama3": ("causal lm", "CausalLM", {}),
+    "qwen3": ("causal lm", "CausalLM", {}),
+    "gemma3": ("causal lm", "CausalLM", {}),
+    "gpt2": ("causal lm", "CausalLM", {}),
+    "bart": ("seq2seq lm", "Seq2SeqLM", {}),
+    "bert": ("text classifier", "TextClassifier", {"num_classes": 3}),
+}
+TASKS = [
     (
-        label.replace(" h256", " causal lm h256").replace(" b32", " v16384 b32"),
-        BACKBONES[family].replace("Backbone", "CausalLM"),
-        dict(backbone=(BACKBONES[family], {**config, "vocabulary_size": 16384}), preprocessor=None),
+        label.replace(" h256", f" {TASK_HEADS[family][0]} h256").replace(" b32", " v16384 b32"),
+        BACKBONES[family].replace("Backbone", TASK_HEADS[family][1]),
+        dict(backbone=(BACKBONES[family], {**config, "vocabulary_size": 16384}), preprocessor=None)
+        | TASK_HEADS[family][2],
         batch,
         sequence,
     )
     for family, (label, _, config, batch, sequence) in zip(
-        ("llama3", "qwen3", "gemma3", "gpt2"),
-        _widened(("llama3", "qwen3", "gemma3", "gpt2"), {"gemma3": NO_SOFT_CAPS}),
+        TASK_HEADS, _widened(TASK_HEADS, {"gemma3": NO_SOFT_CAPS, "bert": {"max_sequence_length": 256}})
     )
 ]
 
@@ -632,7 +640,7 @@ def config_named(model):
     words = model.split()
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
     every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO + NEWEST_FAMILIES
-    every += OTHER_BACKBONES + CAUSAL_LMS
+    every += OTHER_BACKBONES + TASKS
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -678,7 +686,7 @@ def main():
     parser.add_argument(
         "--other-backbones", action="store_true", help="nine keras-hub backbones added 2026-11-28 (OTHER_BACKBONES)"
     )
-    parser.add_argument("--causal-lms", action="store_true", help="keras-hub causal language models (CAUSAL_LMS)")
+    parser.add_argument("--tasks", action="store_true", help="keras-hub tasks, head and loss whole (TASKS)")
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
     parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
@@ -706,8 +714,8 @@ def main():
         configs, name = NEWEST_FAMILIES, "newest_families"
     elif args.other_backbones:
         configs, name = OTHER_BACKBONES, "other_backbones"
-    elif args.causal_lms:
-        configs, name = CAUSAL_LMS, "causal_lms"
+    elif args.tasks:
+        configs, name = TASKS, "tasks"
     elif args.cnns:
         configs, name = CNNS, "cnns"
     elif args.long_spans:

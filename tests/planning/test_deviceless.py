@@ -91,7 +91,7 @@ def test_sharded_rows_fall_in_the_band_of_their_class():
 
 @needs_plugin
 def test_a_causal_lm_with_its_head_and_loss_is_within_10_percent():
-    """A subset of `planner_vs_deviceless_sharded.py --causal-lms` at a quarter of the size: a keras-hub Llama 3 task
+    """A subset of `planner_vs_deviceless_sharded.py --tasks` at a quarter of the size: a keras-hub Llama 3 task
     whose 8192 logits and their gradient, held at once as XLA does, are the step's largest values."""
     keras_hub = pytest.importorskip("keras_hub")
     config = dict(
