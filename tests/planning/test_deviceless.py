@@ -53,31 +53,37 @@ def test_verify_target_needs_a_known_gpu_and_verify():
         kdist.plan(mnist_mlp, 2, batch_size=64, verify_target="H100")
 
 
+def _llama_on_8_h100s(task, hidden, layers, batch_size, sequence_length, meshes):
+    """A keras-hub Llama (`task`: a function of the backbone, or None for the backbone itself) planned for 8 H100s with
+    `meshes` compiled deviceless; each layer's MLP 3x its width, 8 query and 2 key/value heads, 8192 tokens."""
+    keras_hub = pytest.importorskip("keras_hub")
+    config = dict(
+        vocabulary_size=8192,
+        num_layers=layers,
+        num_query_heads=8,
+        num_key_value_heads=2,
+        hidden_dim=hidden,
+        intermediate_dim=3 * hidden,
+    )
+    return kdist.plan(
+        lambda: (task or (lambda backbone: backbone))(keras_hub.models.LlamaBackbone(**config)),
+        8,
+        batch_size=batch_size,
+        sequence_length=sequence_length,
+        target="H100",
+        attention="materialized",
+        verify=meshes,
+        verify_target="H100",
+    )
+
+
 @needs_plugin
 def test_sharded_rows_fall_in_the_band_of_their_class():
     """Three rows of benchmarks/planner_vs_deviceless_sharded.py (a small keras-hub Llama on 8 H100s), recompiled.
 
     fsdp=4,model=2 is the mesh where XLA gathered activations over fsdp until
     kdist laid layer outputs out batch-split (0.56 of XLA's figure then)."""
-    keras_hub = pytest.importorskip("keras_hub")
-    config = dict(
-        vocabulary_size=8192,
-        num_layers=4,
-        num_query_heads=8,
-        num_key_value_heads=2,
-        hidden_dim=512,
-        intermediate_dim=1536,
-    )
-    result = kdist.plan(
-        lambda: keras_hub.models.LlamaBackbone(**config),
-        8,
-        batch_size=32,
-        sequence_length=512,
-        target="H100",
-        attention="materialized",
-        verify=["data=8", "fsdp=8", "fsdp=4,model=2"],
-        verify_target="H100",
-    )
+    result = _llama_on_8_h100s(None, 512, 4, 32, 512, ["data=8", "fsdp=8", "fsdp=4,model=2"])
     for spec, band_class in (
         ("data=8", "single-device / data-parallel transformers"),
         ("fsdp=8", "fsdp transformers"),
@@ -91,28 +97,12 @@ def test_sharded_rows_fall_in_the_band_of_their_class():
 
 @needs_plugin
 def test_a_causal_lm_with_its_head_and_loss_is_within_10_percent():
-    """A subset of `planner_vs_deviceless_sharded.py --tasks` at a quarter of the size: a keras-hub Llama 3 task
-    whose 8192 logits and their gradient, held at once as XLA does, are the step's largest values."""
+    """A subset of `planner_vs_deviceless_sharded.py --tasks` at a quarter of the size: a keras-hub Llama task whose
+    8192 logits and their gradient, held at once as XLA does, are the step's largest values."""
     keras_hub = pytest.importorskip("keras_hub")
-    config = dict(
-        vocabulary_size=8192,
-        num_layers=2,
-        num_query_heads=8,
-        num_key_value_heads=2,
-        hidden_dim=128,
-        intermediate_dim=512,
-    )
-    result = kdist.plan(
-        lambda: keras_hub.models.Llama3CausalLM(keras_hub.models.Llama3Backbone(**config), preprocessor=None),
-        8,
-        batch_size=32,
-        sequence_length=128,
-        target="H100",
-        attention="materialized",
-        verify=["data=8", "fsdp=8", "data=4,model=2"],
-        verify_target="H100",
-    )
-    for spec in ("data=8", "fsdp=8", "data=4,model=2"):
+    meshes = ["data=8", "fsdp=8", "data=4,model=2"]
+    result = _llama_on_8_h100s(lambda b: keras_hub.models.LlamaCausalLM(b, preprocessor=None), 128, 2, 32, 128, meshes)
+    for spec in meshes:
         c = result.candidate(spec)
         assert 0.95 <= c.ratio <= 1.1 and c.band[0] <= c.compiled["peak"] <= c.band[1], (spec, c.ratio, c.band)
 
