@@ -84,7 +84,10 @@ def plan(
         model_or_variables: a Keras model (built, or built abstractly), a
             zero-argument function that builds one (needed by `verify` for
             models that cannot be rebuilt from their config), or a list of
-            variables (no activation estimate then).
+            variables (no activation estimate then). A keras-hub task (a
+            causal LM, a classifier) is planned whole, with its head; the
+            estimate takes sparse cross-entropy over each float output, the
+            loss keras-hub's language models and classifiers compile with.
         devices: the number of devices, a positive integer.
         batch_size: the global batch size.
         sequence_length: the length of unknown (None) input dimensions after
