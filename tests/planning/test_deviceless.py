@@ -55,7 +55,7 @@ def test_verify_target_needs_a_known_gpu_and_verify():
 
 def _llama_on_8_h100s(task, hidden, layers, batch_size, sequence_length, meshes):
     """A keras-hub Llama (`task`: a function of the backbone, or None for the backbone itself) planned for 8 H100s with
-    `meshes` compiled deviceless; each layer's MLP 3x its width, 8 query and 2 key/value heads, 8192 tokens."""
+    `meshes` compiled deviceless: a vocabulary of 8192, each MLP 3x the width, 8 query and 2 key/value heads."""
     keras_hub = pytest.importorskip("keras_hub")
     config = dict(
         vocabulary_size=8192,
