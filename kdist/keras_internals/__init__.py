@@ -98,12 +98,27 @@ def deferred():
         global_state.set_global_attribute("uninitialized_variables", outer)
 
 
+_INHERITED = object()  # `patched`'s mark: the attribute was not the owner's own
+
+
 @contextlib.contextmanager
+def patched(owner, name, value):
+    """Inside the block `owner.name` is `value`; after it, what it was (`owner`'s own attribute, or the inherited
+    one again)."""
+    own = vars(owner).get(name, _INHERITED)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if own is _INHERITED:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, own)
+
+
 def _values_as_initializers():
     """Inside the block, a `keras.Variable` made from a value gets an initializer returning it instead."""
-    variable_class = keras.Variable
-    had_own_init = "__init__" in vars(variable_class)
-    original_init = variable_class.__init__
+    original_init = keras.Variable.__init__
 
     def init(self, initializer, shape=None, dtype=None, *args, **kwargs):
         if keras.backend.is_keras_tensor(initializer) or callable(initializer) or isinstance(initializer, str):
@@ -115,14 +130,7 @@ def _values_as_initializers():
 
         return original_init(self, constant, tuple(value.shape), dtype or value.dtype, *args, **kwargs)
 
-    variable_class.__init__ = init
-    try:
-        yield
-    finally:
-        if had_own_init:
-            variable_class.__init__ = original_init
-        else:
-            del variable_class.__init__
+    return patched(keras.Variable, "__init__", init)
 
 
 class _Registered(list):

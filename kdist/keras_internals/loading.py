@@ -7,7 +7,7 @@ import contextlib
 
 import keras
 
-from kdist.keras_internals import check_internals, missing_module, set_array
+from kdist.keras_internals import check_internals, missing_module, patched, set_array
 
 try:
     from keras.src.saving import saving_lib
@@ -30,11 +30,7 @@ def intercepted_weight_loads(wrap_dataset, stage):
     `keras.Variable.assign(variable, value)` calls `stage(variable, value)`;
     when it returns False, the real `assign` runs. Checked against keras 3.15.1.
     """
-    store = saving_lib.H5IOStore
-    variable_class = keras.Variable
-    had_own_assign = "assign" in vars(variable_class)
-    original_assign = variable_class.assign
-    original_getitem = store.__getitem__
+    original_assign = keras.Variable.assign
 
     def getitem(self, key):
         dataset = saving_lib.safe_get_h5_dataset(self._h5_entry_group, key)
@@ -46,16 +42,8 @@ def intercepted_weight_loads(wrap_dataset, stage):
             return value
         return original_assign(variable, value)
 
-    store.__getitem__ = getitem
-    variable_class.assign = assign
-    try:
+    with patched(saving_lib.H5IOStore, "__getitem__", getitem), patched(keras.Variable, "assign", assign):
         yield
-    finally:
-        store.__getitem__ = original_getitem
-        if had_own_assign:
-            variable_class.assign = original_assign
-        else:
-            del variable_class.assign
 
 
 def is_deferred(variable):
