@@ -211,17 +211,39 @@ def reduction_order_lasts(step, factor, axes):
     if math.prod(axes.values()) == 1:
         return None
     _, last, _, _ = step.lifetimes()
-    last, sizes = last.copy(), np.asarray(step.size, dtype=np.float64) * factor
+    last = last.copy()
+    for t, reads in reduction_groups(step, np.asarray(step.size, dtype=np.float64) * factor):
+        for reads_of_kernel in reads:
+            last[reads_of_kernel] = np.maximum(last[reads_of_kernel], t)
+    return last
+
+
+def reduction_groups(step, sizes):
+    """The weight-gradient kernels (`Step.gradient_kernels`) in groups whose gradients XLA:GPU reduces in one
+    combined collective, up to `comm.COMBINE_THRESHOLD` of `sizes` each, in the order the backward makes them:
+    (event of the group's last kernel, where its reduction starts; the buffers each kernel reads) per group."""
+    groups, reads, group_bytes = [], [], 0.0
     kernels = step.gradient_kernels()
-    group, group_bytes = [], 0.0
-    for i, (t, grads, reads) in enumerate(kernels):
-        group.append(reads)
+    for i, (t, grads, reads_of_kernel) in enumerate(kernels):
+        reads.append(reads_of_kernel)
         group_bytes += float(sizes[grads].sum())
         if group_bytes >= comm.COMBINE_THRESHOLD or i == len(kernels) - 1:
-            for reads_of_kernel in group:
-                last[reads_of_kernel] = np.maximum(last[reads_of_kernel], t)
-            group, group_bytes = [], 0.0
-    return last
+            groups.append((t, reads))
+            reads, group_bytes = [], 0.0
+    return groups
+
+
+def _reduced_before(step, axes, factor, events):
+    """Per event of `events`: whether a collective runs in the backward before it, for XLA's scheduler to overlap
+    with work moved early (`Step.overlapped`): on a model axis its all-reduces of input gradients do, elsewhere a
+    combined reduction of weight gradients (`reduction_groups`, their bytes from `factor`) that starts before the
+    event. Never on one device or XLA:CPU (`collectives_overlap`)."""
+    if not collectives_overlap(step, axes) or not step.overlapped:
+        return np.zeros(len(events), dtype=bool)
+    if axes.get("model", 1) > 1:
+        return np.ones(len(events), dtype=bool)
+    groups = reduction_groups(step, np.asarray(step.size, dtype=np.float64) * factor)
+    return events > groups[0][0] if groups else np.zeros(len(events), dtype=bool)
 
 
 def buffer_factors(facts, rows, axes, local_batch):
@@ -249,7 +271,8 @@ def buffer_factors(facts, rows, axes, local_batch):
     rep = static["rep"]  # -1 (no weight) picks the sentinel: shard 1, gathered 0
     out = np.where(static["weighty"], shard[rep], out)
     out = np.where(static["gathered"], gathered[rep], out)
-    out = np.where(static["overlapped"] == (not collectives_overlap(facts.traced.step, axes)), 0.0, out)
+    early = _reduced_before(facts.traced.step, axes, out, static["overlapped_before"])
+    out = np.where((static["overlapped"] >= 0) & (static["overlapped"] != early), 0.0, out)
     whole = np.where(static["batch"], local_batch * axes.get("data", 1) * axes.get("fsdp", 1) / TRACE_BATCH, 1.0)
     out = np.where(static["unpartitioned"], whole if math.prod(axes.values()) > 1 else 0.0, out)
     if facts.dtype is not None:
@@ -309,8 +332,10 @@ def _static(facts):
         "floating": floating,
         "itemsize": np.where(sizes > 0, sizes, 1.0),
         "rep_of": rep_of,
-        # 1 / 0: a buffer only on meshes whose collectives overlap / only on the others; -1: both (`Step.overlapped`)
-        "overlapped": np.array([int(step.overlapped[g]) if g in step.overlapped else -1 for g in range(n)]),
+        # 1 / 0: a buffer only where a collective runs before event "overlapped_before" / only where none does;
+        # -1: both (`Step.overlapped`, `_reduced_before`)
+        "overlapped": np.array([int(step.overlapped[g][0]) if g in step.overlapped else -1 for g in range(n)]),
+        "overlapped_before": np.array([step.overlapped[g][1] if g in step.overlapped else -1 for g in range(n)]),
         "unpartitioned": np.isin(np.arange(n), list(step.unpartitioned)),
         "splits": {},  # weights' model/expert splits (and axis sizes) -> `propagation.split_axes` (`factors`)
     }

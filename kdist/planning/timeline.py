@@ -40,7 +40,9 @@ class Step:
         self.looked_up = {}  # weight (or cast) -> whether every call reading it only looks rows up: no FSDP gather
         self.merged = []  # (shared input, outputs, biased sums) of a call's GEMMs XLA may merge: `Program.merged`
         self.derived = {}  # buffer -> the buffer whose model-axis split it takes (`_max_pool_gradient`)
-        self.overlapped = {}  # buffer -> whether it exists only where collectives overlap (else only without)
+        # buffer -> (early, event): an early buffer exists only where a collective runs in the backward before
+        # `event` for it to overlap, a late one only where none does (`_max_pool_gradient`)
+        self.overlapped = {}
         self.relu_outputs = set()  # layer outputs made by a max with a constant: a ReLU's (`_max_pool_gradient`)
         self.unpartitioned = set()  # whole copies XLA makes on a mesh of several devices (`_fft_copies`)
         self._life = self._gradient_kernels = None
@@ -201,26 +203,30 @@ class Step:
 
         XLA:GPU finds each window's maximum again, a reduce-window writing one
         int32 index per dimension of `shape`, then scatters into zeros of the
-        input's shape. The indices read only forward values: on a mesh with
-        collectives XLA's latency-hiding scheduler computes them early in the
-        backward to overlap the gradients' reductions (DenseNet121 and
+        input's shape. The indices read only forward values: where a
+        collective runs in the backward before the pool's (a model axis's, a
+        combined reduction of weight gradients), XLA's latency-hiding
+        scheduler computes them early to overlap it (DenseNet121 and
         InceptionV3 on data=8: 400-600 instructions before the pool's own
-        backward), on one device just before it. The zeros come with them,
-        unless the pool reads a ReLU's output: then XLA merges them with the
-        zeros the ReLU compares with (one broadcast, written out as two
-        buffers), made in the forward and alive until the backward
-        (docs/plan.md, "Max pools"). Returns (made, read, may write over).
+        backward); on one device, or where every gradient is reduced after
+        it (a small CNN, ResNet50 on fsdp=16), just before it
+        (`memory_model._reduced_before`). The zeros come with them, unless
+        the pool reads a ReLU's output: then XLA merges them with the zeros
+        the ReLU compares with (one broadcast, written out as two buffers),
+        made in the forward and alive until the backward (docs/plan.md, "Max
+        pools"). Returns (made, read, may write over).
         """
         indices = math.prod(shape) * 4 * len(shape)
         late, early = (self.new(indices, shape, "backward", "int32") for _ in range(2))
-        self.overlapped.update({late: False, early: True})
+        pool = len(self.events)  # the pool's backward is the next event
+        self.overlapped.update({late: (False, pool), early: (True, pool)})
         self.events[self.bwd_start][0].append(early)
         zeros = []
         if made:
             gradient, shared = made[0], pooled in self.relu_outputs  # shared: one broadcast with the ReLU's zeros
             zeros = [self.new(self.size[gradient], self.shape[gradient], "backward", self.dtype[gradient])
                      for _ in range(1 + shared)]  # fmt: skip
-            self.overlapped.update({} if shared else {zeros[0]: True})
+            self.overlapped.update({} if shared else {zeros[0]: (True, pool)})
             self.events[forward_start if shared else self.bwd_start][0].extend(zeros)
             for g in (late, early, *zeros):  # split over the model axis as the gradient is: same rank and positions
                 self.derived[g] = gradient

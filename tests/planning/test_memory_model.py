@@ -253,34 +253,42 @@ def test_a_named_device_kind_brings_its_memory():
     assert kdist.plan(model, 8, batch_size=16, target="H100", memory_per_device="8GB").memory_per_device == 8 * 10**9
 
 
-def _max_pooled(padded):
+def _max_pooled(padded, wide_head):
     images = keras.Input((32, 32, 8))
     x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(images)
     if padded:  # ResNet50's and DenseNet121's stems pad the ReLU's output before the pool
         x = keras.layers.ZeroPadding2D(1)(x)
     x = keras.layers.Conv2D(16, 3, padding="same")(keras.layers.MaxPooling2D(2)(x))
-    return keras.Model(images, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(x)))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    if wide_head:  # 8.4M weights (33.6 MB) whose gradients the backward makes before the pool's
+        x = keras.layers.Dense(4096)(keras.layers.Dense(2048)(x))
+    return keras.Model(images, keras.layers.Dense(10)(x))
 
 
+@pytest.mark.parametrize("wide_head", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
-def test_a_max_pools_gradient_holds_indices_and_zeros_as_xla_gpu_schedules_them(monkeypatch, padded):
+def test_a_max_pools_gradient_holds_indices_and_zeros_as_xla_gpu_schedules_them(monkeypatch, padded, wide_head):
     """XLA:GPU's max-pool gradient: one int32 index per dimension of the pooled shape, scattered into zeros of the
-    input's shape. The latency-hiding scheduler computes the indices early in the backward, on one device they come
-    with the pool's backward; the zeros come with them, but a pool reading a ReLU's output shares the ReLU's zeros,
-    two buffers alive from the forward (docs/plan.md, "Max pools")."""
+    input's shape. Where a collective runs in the backward before the pool's (a model axis's all-reduces, a
+    combined reduction of over 30 MB of weight gradients: a wide head's), the latency-hiding scheduler computes
+    the indices early in the backward to overlap it; on one device, or with every gradient reduced in one
+    collective at the end, they come with the pool's backward. The
+    zeros come with them, but a pool reading a ReLU's output shares the ReLU's zeros, two buffers alive from the
+    forward (docs/plan.md, "Max pools")."""
     seen = []  # (facts, axes, factors) per candidate
     original = memory_model.buffer_factors
     monkeypatch.setattr(
         memory_model, "buffer_factors", lambda *a: seen.append((a[0], a[2], original(*a))) or seen[-1][2]
     )
-    model = kdist.abstract_model(_max_pooled, padded)
+    model = kdist.abstract_model(_max_pooled, padded, wide_head)
     kdist.plan(model, 1, batch_size=64)
     kdist.plan(model, 2, batch_size=128)
     (facts, one_axes, one), (_, _, two) = seen[0], next(s for s in seen if s[1] == {"data": 2})
+    split = next(s[2] for s in seen if s[1] == {"model": 2})  # the model axis all-reduces input gradients
     assert math.prod(one_axes.values()) == 1
     step = facts.traced.step
-    early = [g for g, flag in step.overlapped.items() if flag]
-    late = [g for g, flag in step.overlapped.items() if not flag]
+    early = [g for g, (flag, _) in step.overlapped.items() if flag]
+    late = [g for g, (flag, _) in step.overlapped.items() if not flag]
     zeros = [g for g in step.derived if step.dtype[g] == "float32"]
     side = 34 if padded else 32
     pooled = TRACE_BATCH * (side // 2) ** 2 * 16
@@ -290,7 +298,8 @@ def test_a_max_pools_gradient_holds_indices_and_zeros_as_xla_gpu_schedules_them(
     born = step.lifetimes()[0]
     assert all(born[g] == step.bwd_start for g in early) and all(born[g] > step.bwd_start for g in late)
     assert all(one[g] == 0 for g in early) and all(one[g] > 0 for g in late)
-    assert all(two[g] > 0 for g in early) and all(two[g] == 0 for g in late)
+    assert all((two[g] > 0) == wide_head for g in early) and all((two[g] > 0) != wide_head for g in late)
+    assert all(split[g] > 0 for g in early) and all(split[g] == 0 for g in late)
     if padded:  # zeros of their own, made with the indices
         assert zeros[0] in early
     else:  # the ReLU's: made in its forward, on every mesh
