@@ -58,10 +58,15 @@ class ModelFacts:
         self.sequence_length = sequence_length
         variables = _abstract_variables(model_or_variables)
         trainable = [v for v in variables if getattr(v, "trainable", True)]
+        if not variables:
+            raise ModelError(
+                f"Model {self.name!r} has no variables: build it (call it on an input or use keras.Input) before "
+                "planning."
+            )
         if not trainable:
             raise ModelError(
-                f"Model {self.name!r} has no trainable variables: build it (call it on an input or use keras.Input) "
-                "before planning."
+                f"Model {self.name!r} has {len(variables)} variables and none is trainable: kdist plans a training "
+                "step, which updates trainable weights. Set `trainable = True` on the layers to train."
             )
         self._placers = {}
         self.roles = self._roles(trainable)

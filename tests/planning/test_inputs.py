@@ -1,5 +1,6 @@
 """Bad input to kdist.plan and preset("auto"): a kdist error naming the argument, the value and what would do."""
 
+import keras
 import pytest
 
 import kdist
@@ -11,6 +12,11 @@ from tests.helpers import raises_clearly
 MODEL = kdist.abstract_model(mnist_mlp)
 
 
+def _frozen():
+    inputs = keras.Input((8,))
+    return keras.Model(inputs, keras.layers.Dense(4, trainable=False)(inputs))
+
+
 def plan(model=MODEL, devices=8, **options):
     """kdist.plan of the MLP on 8 devices with a batch of 8, but for `options`."""
     return lambda: kdist.plan(model, devices, **{"batch_size": 8, **options})
@@ -18,6 +24,8 @@ def plan(model=MODEL, devices=8, **options):
 
 CASES = [
     (plan(model="mlp"), ModelError, "needs a Keras model", "received str"),
+    (plan(model=keras.Sequential([keras.layers.Dense(4)])), ModelError, "has no variables: build it", "keras.Input"),
+    (plan(model=kdist.abstract_model(_frozen)), ModelError, "2 variables and none is trainable", "trainable = True"),
     (plan(devices=0), PlanError, "devices must be a positive integer; received 0"),
     (plan(devices="8"), PlanError, "devices must be a positive integer; received '8'"),
     (plan(devices=10**9), PlanError, "devices=1000000000", "typo"),
