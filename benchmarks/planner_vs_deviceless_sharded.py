@@ -95,6 +95,11 @@ ConvNeXtTiny), first run with the convolution rules drawn from `CNNS`, into
 planner_vs_deviceless_cnns_held_out.json. With `--devices 1 --batch 32` either
 CNN list is compiled for one H100 (files ending in _1), with `--devices 16`
 for 16 (_16: MobileNetV2 and ResNet50 so far, `--models`).
+
+    ... planner_vs_deviceless_sharded.py --cnns-max-pools
+
+plans and compiles three more with max pools at smaller sizes (`CNNS_MAX_POOLS`:
+VGG16, VGG19, Xception) into planner_vs_deviceless_cnns_max_pools.json.
 """
 
 import argparse
@@ -610,6 +615,26 @@ def _applications(*names):
 CNNS = _applications("MobileNetV2", "EfficientNetB0", "DenseNet121")
 # Compiled first with the convolution rules of `kdist.planning.propagation` drawn from CNNS: held out from them.
 CNNS_HELD_OUT = _applications("ResNet50", "InceptionV3", "ConvNeXtTiny")
+# Three more Keras Applications with max pools, smaller images at batch 64, compiled after the rule that makes a
+# pool's indices late where no collective runs before its backward (2026-11-29) and held out from it. `--cnns-max-pools`
+# plans and compiles them into planner_vs_deviceless_cnns_max_pools.json.
+CNNS_MAX_POOLS = [
+    ("vgg16 64 b64", "keras.applications.VGG16", dict(weights=None, input_shape=(64, 64, 3), classes=10), 64, None),
+    (
+        "vgg19 96 b64",
+        "keras.applications.VGG19",
+        dict(weights=None, input_shape=(96, 96, 3), include_top=False, pooling="avg"),
+        64,
+        None,
+    ),
+    (
+        "xception 128 b64",
+        "keras.applications.Xception",
+        dict(weights=None, input_shape=(128, 128, 3), classes=10),
+        64,
+        None,
+    ),
+]
 
 
 def _per_layer(value, layers, wanted):
@@ -639,7 +664,8 @@ def config_named(model):
     """The first entry of the config lists above (CONFIGS ... CNNS_HELD_OUT) whose label begins with `model`'s words."""
     words = model.split()
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
-    every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO + NEWEST_FAMILIES
+    every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + CNNS_MAX_POOLS + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO
+    every += NEWEST_FAMILIES
     every += OTHER_BACKBONES + TASKS
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
@@ -690,6 +716,7 @@ def main():
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
     parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
+    parser.add_argument("--cnns-max-pools", action="store_true", help="three more CNNs with max pools (CNNS_MAX_POOLS)")
     parser.add_argument(
         "--mixed-precision", action="store_true", help="eight families in mixed_bfloat16 (MIXED_PRECISION) instead"
     )
@@ -722,6 +749,8 @@ def main():
         configs, name = LONG_SPANS, "long_spans"
     elif args.cnns_held_out:
         configs, name = CNNS_HELD_OUT, "cnns_held_out"
+    elif args.cnns_max_pools:
+        configs, name = CNNS_MAX_POOLS, "cnns_max_pools"
     elif args.mixed_precision:
         configs, name = MIXED_PRECISION, "mixed_precision"
     elif args.mixed_float16:
