@@ -269,12 +269,11 @@ def _max_pooled(padded, wide_head):
 @pytest.mark.parametrize("padded", [False, True])
 def test_a_max_pools_gradient_holds_indices_and_zeros_as_xla_gpu_schedules_them(monkeypatch, padded, wide_head):
     """XLA:GPU's max-pool gradient: one int32 index per dimension of the pooled shape, scattered into zeros of the
-    input's shape. Where a collective runs in the backward before the pool's (a model axis's all-reduces, a
-    combined reduction of over 30 MB of weight gradients: a wide head's), the latency-hiding scheduler computes
-    the indices early in the backward to overlap it; on one device, or with every gradient reduced in one
-    collective at the end, they come with the pool's backward. The
-    zeros come with them, but a pool reading a ReLU's output shares the ReLU's zeros, two buffers alive from the
-    forward (docs/plan.md, "Max pools")."""
+    input's shape. Where a collective runs in the backward before the pool's (a model axis's all-reduces, a combined
+    reduction of over 30 MB of weight gradients: a wide head's), the latency-hiding scheduler computes the indices
+    early in the backward to overlap it; on one device, or with every gradient reduced in one collective at the end,
+    they come with the pool's backward. The zeros come with them, but a pool reading a ReLU's output shares the
+    ReLU's zeros, two buffers alive from the forward (docs/plan.md, "Max pools")."""
     seen = []  # (facts, axes, factors) per candidate
     original = memory_model.buffer_factors
     monkeypatch.setattr(
