@@ -5,7 +5,7 @@ import re
 
 import keras
 
-from kdist.keras_internals import global_state
+from kdist.keras_internals import global_state, patched
 
 _SUFFIX = re.compile(r"_\d+$")
 
@@ -39,14 +39,15 @@ def plan_optimizer(optimizer, trainable):
         slots[id(slot)] = reference_variable
         return slot
 
-    optimizer.add_variable = deferred_variable
-    optimizer.add_variable_from_reference = recording
     pending = global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
     before = len(pending)
     try:
-        optimizer.build(trainable)
+        with (
+            patched(optimizer, "add_variable", deferred_variable),
+            patched(optimizer, "add_variable_from_reference", recording),
+        ):
+            optimizer.build(trainable)
     finally:
-        del optimizer.add_variable, optimizer.add_variable_from_reference
         del pending[before:]  # so that no later scope exit allocates the planned state
     return list(optimizer.variables), slots
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax.core import ShapedArray
 from jax.extend.core import Primitive
 
+from kdist.keras_internals import patched
 from kdist.keras_internals.attention import attention_decision
 from kdist.units import HALF_FLOATS
 
@@ -133,9 +134,5 @@ def forced_attention(mode, platform):
         taken.add("materialized")
         return original_jax(query, key, value, bias=bias, mask=mask, implementation="xla", **kwargs)
 
-    jax.nn.dot_product_attention = jax_attention
-    try:
-        with attention_decision(keras_attention, fused, platform):
-            yield taken
-    finally:
-        jax.nn.dot_product_attention = original_jax
+    with patched(jax.nn, "dot_product_attention", jax_attention), attention_decision(keras_attention, fused, platform):
+        yield taken
