@@ -17,7 +17,15 @@ import jax
 import keras
 
 from kdist.errors import KdistError, PlanError, cause
-from kdist.keras_internals import KerasTensor, deferred, input_struct, layer_config, nodes_by_depth, output_struct
+from kdist.keras_internals import (
+    KerasTensor,
+    deferred,
+    input_struct,
+    layer_config,
+    layers,
+    nodes_by_depth,
+    output_struct,
+)
 from kdist.planning.attention import default_attention, forced_attention
 from kdist.planning.buffers import Rules, analyse
 from kdist.planning.timeline import Step
@@ -61,6 +69,19 @@ def compute_dtype(model):
     return str(getattr(policy, "compute_dtype", None) or getattr(model, "compute_dtype", None) or "float32")
 
 
+def _gathered_itemsizes(model, variables):
+    """Per variable: the itemsize of FSDP's gathered copy, the compute dtype of the innermost layer holding it (a
+    float weight is cast to it for its kernels; keras-hub's SmolLM3 builds its attention and MLP without the
+    backbone's policy, so they compute in float32 under a bfloat16 one), else its own."""
+    owner = {}
+    for layer in layers(model):  # parents first: the innermost wins
+        for v in layer.weights:
+            owner[id(v)] = layer
+    return [
+        itemsize(compute_dtype(owner.get(id(v), model))) if is_float(v.dtype) else itemsize(v.dtype) for v in variables
+    ]
+
+
 def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, rules=None, cache=None):
     """Trace `model`'s training step for `platform`, or None when it has no layer graph.
 
@@ -98,9 +119,7 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
                     walk.forward(node)
         walk.loss(keras.tree.flatten(output_struct(model)))
         walk.backward(model.trainable_variables)
-        compute = itemsize(compute_dtype(model))
-        gather_itemsize = [compute if is_float(v.dtype) else itemsize(v.dtype) for v in variables]
-        step.emit(remat=remat, gather_itemsize=gather_itemsize)
+        step.emit(remat=remat, gather_itemsize=_gathered_itemsizes(model, variables))
     taken = "+".join(sorted(taken))
     notes = []
     if not taken:  # no dot_product_attention call: scores computed by the layers, or no attention at all

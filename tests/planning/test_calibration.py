@@ -129,6 +129,7 @@ FAMILIES_HELD_OUT_BFLOAT16 = "benchmarks/results/planner_vs_deviceless_families_
 FAMILIES_HELD_OUT_S1024 = "benchmarks/results/planner_vs_deviceless_families_held_out_s1024.json"  # at 1024 tokens
 FAMILIES_HELD_OUT_H512 = "benchmarks/results/planner_vs_deviceless_families_held_out_h512_l4.json"  # ten, wider
 FAMILIES_HELD_OUT_16_H512 = "benchmarks/results/planner_vs_deviceless_families_held_out_16_h512_l4.json"  # two, 16
+FAMILIES_HELD_OUT_H1024_BF16 = "benchmarks/results/planner_vs_deviceless_families_held_out_h1024_l4_bfloat16.json"
 MIXED_FLOAT16 = "benchmarks/results/planner_vs_deviceless_mixed_float16.json"  # the eight of MIXED_PRECISION in float16
 FAMILIES_UNSEEN = "benchmarks/results/planner_vs_deviceless_families_unseen.json"  # two never compiled before
 FAMILIES_HELD_OUT_32 = "benchmarks/results/planner_vs_deviceless_families_held_out_32.json"  # two on 32 devices
@@ -278,6 +279,19 @@ def test_at_hidden_512_and_4_layers_the_held_out_families_keep_the_safety_rule_a
         ("gemma3", "model=8")
     }
     assert _above_the_band_top(rows) == {("gemma3", "model=8")}
+
+
+def test_at_hidden_1024_in_bfloat16_the_held_out_families_are_under_only_on_model_axes_and_inside_their_bands():
+    """The twelve held-out families at hidden 1024, 4 layers, bfloat16 throughout (`--width 1024,4 --dtype
+    bfloat16`, 351 MB to 1.6 GB per device): every row without a model axis keeps the safety rule, and every row is
+    inside its band but ALBERT's data=8, which is over its floor (docs/plan.md, "Wider still, in bfloat16")."""
+    rows = _rows(FAMILIES_HELD_OUT_H1024_BF16)
+    assert len({r["config"] for r in rows}) == 12 and len(rows) == 120
+    assert all(" bfloat16 h1024 4 layers " in r["config"] for r in rows)
+    under = [r for r in rows if _more_than_5_percent_under(r)]
+    assert under and all("model" in r["mesh"] for r in under)
+    assert [(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"]] == [("albert", "data=8")]
+    assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in rows if not r["in_band"])
 
 
 def test_on_16_devices_at_hidden_512_gemma_3s_fsdp_is_safe_and_only_model_axes_of_8_or_t5s_exceed_the_top():

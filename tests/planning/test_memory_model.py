@@ -343,3 +343,32 @@ def test_an_fft_holds_whole_copies_of_its_operand_and_output_on_several_devices(
         assert all(factors[g] == pytest.approx(64 / TRACE_BATCH) for g in copies), axes  # the whole batch of 64
         local = next(g for g in range(len(step.size)) if step.dtype[g] == "complex64" and g not in copies)
         assert factors[local] < factors[copies[0]]  # the FFT's own output: the device's shard of the batch
+
+
+def _float32_inside_bfloat16():
+    """A bfloat16 model whose middle layer keeps float32, as keras-hub's SmolLM3 builds its attention and MLP without
+    the backbone's dtype policy."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("bfloat16")
+    try:
+        x = keras.Input((512,))
+        y = keras.layers.Dense(1024, dtype="float32", name="full")(keras.layers.Dense(1024, name="half")(x))
+        return keras.Model(x, keras.layers.Dense(8, name="head")(y))
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def test_fsdp_gathers_each_weight_in_the_dtype_of_the_layer_that_computes_with_it(monkeypatch):
+    """XLA gathers a weight for the kernels of the layer that holds it, in that layer's compute dtype: a float32
+    layer's gathered copy is twice a bfloat16 one's, whatever the model's policy says (docs/plan.md)."""
+    seen = []
+    original = memory_model.buffer_factors
+    monkeypatch.setattr(memory_model, "buffer_factors", lambda *a: seen.append(a[0]) or original(*a))
+    model = kdist.abstract_model(_float32_inside_bfloat16)
+    assert model.compute_dtype == "bfloat16"
+    kdist.plan(model, 2, batch_size=16).candidate("fsdp=2")
+    step = seen[0].traced.step
+    paths = [v.path for v in seen[0].traced.variables]
+    gathered = {paths[step.weight_of[g]]: step.size[g] for g in range(len(step.size)) if step.term[g] == "gathered"}
+    assert gathered["full/kernel"] == 1024 * 1024 * 4
+    assert gathered["half/kernel"] == 512 * 1024 * 2
