@@ -286,7 +286,7 @@ def test_at_hidden_512_and_4_layers_the_held_out_families_keep_the_safety_rule_a
 
 def test_at_hidden_1024_in_bfloat16_the_held_out_families_are_under_only_on_model_axes_and_inside_their_bands():
     """The twelve held-out families at hidden 1024, 4 layers, bfloat16 throughout (`--width 1024,4 --dtype
-    bfloat16`, 351 MB to 1.6 GB per device): every row without a model axis keeps the safety rule, and every row is
+    bfloat16`, 0.3 to 1.6 GB per device): every row without a model axis keeps the safety rule, and every row is
     inside its band but ALBERT's data=8, which is over its floor (docs/plan.md, "Wider still, in bfloat16")."""
     rows = _rows(FAMILIES_HELD_OUT_H1024_BF16)
     assert len({r["config"] for r in rows}) == 12 and len(rows) == 120
