@@ -253,6 +253,16 @@ def test_a_named_device_kind_brings_its_memory():
     assert kdist.plan(model, 8, batch_size=16, target="H100", memory_per_device="8GB").memory_per_device == 8 * 10**9
 
 
+def _recorded_factors(monkeypatch):
+    """A list that each plan's candidates append to: (facts, axes, buffer factors), as `buffer_factors` made them."""
+    seen = []
+    original = memory_model.buffer_factors
+    monkeypatch.setattr(
+        memory_model, "buffer_factors", lambda *a: seen.append((a[0], a[2], original(*a))) or seen[-1][2]
+    )
+    return seen
+
+
 def _max_pooled(padded, wide_head):
     images = keras.Input((32, 32, 8))
     x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(images)
@@ -274,11 +284,7 @@ def test_a_max_pools_gradient_holds_indices_and_zeros_as_xla_gpu_schedules_them(
     early in the backward to overlap it; on one device, or with every gradient reduced in one collective at the end,
     they come with the pool's backward. The zeros come with them, but a pool reading a ReLU's output shares the
     ReLU's zeros, two buffers alive from the forward (docs/plan.md, "Max pools")."""
-    seen = []  # (facts, axes, factors) per candidate
-    original = memory_model.buffer_factors
-    monkeypatch.setattr(
-        memory_model, "buffer_factors", lambda *a: seen.append((a[0], a[2], original(*a))) or seen[-1][2]
-    )
+    seen = _recorded_factors(monkeypatch)
     model = kdist.abstract_model(_max_pooled, padded, wide_head)
     kdist.plan(model, 1, batch_size=64)
     kdist.plan(model, 2, batch_size=128)
@@ -322,11 +328,7 @@ def test_an_fft_holds_whole_copies_of_its_operand_and_output_on_several_devices(
     """XLA's SPMD partitioner has no rule for an FFT over a split batch: it gathers the operand to every device and
     transforms all of it (FNet on fsdp=8, docs/plan.md). Each FFT makes a whole copy of its operand and of its output,
     alive while it runs: the global batch on any mesh of several devices, nothing on one."""
-    seen = []  # (facts, axes, factors) per candidate
-    original = memory_model.buffer_factors
-    monkeypatch.setattr(
-        memory_model, "buffer_factors", lambda *a: seen.append((a[0], a[2], original(*a))) or seen[-1][2]
-    )
+    seen = _recorded_factors(monkeypatch)
     model = kdist.abstract_model(_fourier)
     kdist.plan(model, 1, batch_size=64)
     kdist.plan(model, 8, batch_size=64)
@@ -361,14 +363,13 @@ def _float32_inside_bfloat16():
 def test_fsdp_gathers_each_weight_in_the_dtype_of_the_layer_that_computes_with_it(monkeypatch):
     """XLA gathers a weight for the kernels of the layer that holds it, in that layer's compute dtype: a float32
     layer's gathered copy is twice a bfloat16 one's, whatever the model's policy says (docs/plan.md)."""
-    seen = []
-    original = memory_model.buffer_factors
-    monkeypatch.setattr(memory_model, "buffer_factors", lambda *a: seen.append(a[0]) or original(*a))
+    seen = _recorded_factors(monkeypatch)
     model = kdist.abstract_model(_float32_inside_bfloat16)
     assert model.compute_dtype == "bfloat16"
     kdist.plan(model, 2, batch_size=16).candidate("fsdp=2")
-    step = seen[0].traced.step
-    paths = [v.path for v in seen[0].traced.variables]
+    facts = seen[0][0]
+    step = facts.traced.step
+    paths = [v.path for v in facts.traced.variables]
     gathered = {paths[step.weight_of[g]]: step.size[g] for g in range(len(step.size)) if step.term[g] == "gathered"}
     assert gathered["full/kernel"] == 1024 * 1024 * 4
     assert gathered["half/kernel"] == 512 * 1024 * 2
