@@ -368,14 +368,20 @@ def _merged_gemms(p, mat, producer, consumers):
     dimension numbers (an attention's q, k and v projections) into one, whose
     output lives as long as the longest-lived of theirs
     (xla/service/dot_merger.h). Kept only where each output's one reader adds
-    a bias (a broadcast weight): `memory_model.merged_gemm_lasts` says why.
+    a bias (a broadcast weight), and where a GEMM reads one of the sums as it
+    is beside another projection (the scores, q·kᵀ, not a rotary embedding's
+    output): `memory_model.merged_gemm_lasts` says why.
     """
     f, groups = p.flat, {}
     weights = set(p.w) | set(p.weight_copy)
+    projections = set()
     for i in range(p.n_fwd):
         prim, ins, outs = f.eqns[i]
+        if prim != "dot_general":
+            continue
+        projections.add(outs[0])
         readers = consumers[outs[0]]
-        if prim != "dot_general" or not mat[outs[0]] or len(readers) != 1 or f.eqns[readers[0]][0] != "add":
+        if not mat[outs[0]] or len(readers) != 1 or f.eqns[readers[0]][0] != "add":
             continue
         add = f.eqns[readers[0]]
         bias = [x for x in add[1] if x != outs[0]]
@@ -384,7 +390,28 @@ def _merged_gemms(p, mat, producer, consumers):
             if f.eqns[source[0]][1][0] in weights:
                 key = (ins[0], repr(f.params[i]), f.dtype[outs[0]])
                 groups.setdefault(key, []).append((outs[0], add[2][0]))
-    return [(key[0], *zip(*members)) for key, members in groups.items() if len(members) > 1]
+                projections.add(add[2][0])
+    read_together = [
+        {_as_it_is(x, f, producer) for x in f.eqns[i][1]} for i in range(p.n_fwd) if f.eqns[i][0] == "dot_general"
+    ]
+    merged = []
+    for key, members in groups.items():
+        sums = {total for _, total in members}
+        if len(members) > 1 and any(pair & sums and len(pair & projections) == 2 for pair in read_together):
+            merged.append((key[0], *zip(*members)))
+    return merged
+
+
+def _as_it_is(x, f, producer):
+    """The value x is, through reshapes, transposes, casts and scalings by one number (a GEMM operand's source)."""
+    while producer[x] is not None:
+        prim, ins, _ = f.eqns[producer[x]]
+        arrays = [v for v in ins if math.prod(f.shape[v]) > 1]
+        cheap = prim in ALIASES or prim in ("convert_element_type", "mul", "div")
+        if not cheap or len(arrays) != 1:
+            return x
+        x = arrays[0]
+    return x
 
 
 def _lookups(f, weights, readers_of):

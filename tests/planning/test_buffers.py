@@ -121,3 +121,31 @@ def test_a_slices_gradient_at_constant_starts_is_a_pad_that_fuses():
     shift: `ops.slice`), fused into its reader; at a start only known at run time it stays a kernel of its own."""
     assert _slice_gradient("constant") == ("elementwise", False)
     assert _slice_gradient("run time") == ("kernel", True)
+
+
+def _merged_groups(rotate=False, key_bias=True):
+    """The merged GEMM groups of one attention over 64 tokens of width 32 whose q, k and v projections add biases."""
+    tokens, angles = jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((64, 32), jnp.float32)
+    kernel, bias = jax.ShapeDtypeStruct((32, 32), jnp.float32), jax.ShapeDtypeStruct((32,), jnp.float32)
+
+    def fn(trainable, diff, const):
+        wq, wk, wv, bq, bk, bv = trainable
+        x = diff[0]
+        q, k, v = x @ wq + bq, x @ wk + bk if key_bias else x @ wk, x @ wv + bv
+        if rotate:  # a rotary embedding: products with a table of sines and cosines
+            q, k = q * const[0], k * const[0]
+        return [jax.nn.softmax((q * 0.125) @ k.T, axis=-1) @ v]
+
+    p = buffers.analyse(trace.trace_program(fn, [kernel] * 3 + [bias] * 3, [angles], [tokens]), buffers.Rules())
+    return [len(sums) for _, _, sums in p.merged]
+
+
+def test_biased_projections_are_merged_where_the_scores_read_their_sums_as_they_are():
+    """XLA re-makes a biased key from the merged output for the backward, so the merged output lives until then.
+
+    Behind a rotary embedding the scores read the rotated q and k, which XLA
+    writes out: the merged output dies in the forward (ESM, DINOv3, Qwen2).
+    """
+    assert _merged_groups() == [3]
+    assert _merged_groups(key_bias=False) == [2]  # Whisper's key has no bias; the scores read it as the GEMM made it
+    assert _merged_groups(rotate=True) == []
