@@ -71,7 +71,9 @@ planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run h
 Gemma 4, T5Gemma), into planner_vs_deviceless_newest_families.json (with --dtype bfloat16 and --devices 16 into
 ..._bfloat16.json and ..._16.json); with --other-backbones nine more (`OTHER_BACKBONES`: T5Gemma 2, Gemma 3n,
 PaliGemma, ViTDet, MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into
-planner_vs_deviceless_other_backbones.json; with --tasks six keras-hub tasks, head and loss whole (`TASKS`:
+planner_vs_deviceless_other_backbones.json; with --untried-backbones four more compiled after every rule
+(`UNTRIED_BACKBONES`: Qwen-MoE, CLIP's and SigLIP's vision encoders, CSPNet), into
+planner_vs_deviceless_untried_backbones.json; with --tasks six keras-hub tasks, head and loss whole (`TASKS`:
 the causal LMs of Llama 3, Qwen3, Gemma 3 and GPT-2 with a vocabulary of 16384, BART's seq2seq LM, a BERT text
 classifier), into planner_vs_deviceless_tasks.json;
 with --long-spans Qwen3.5,
@@ -590,6 +592,67 @@ OTHER_BACKBONES = [
     ),
 ]
 
+# Untried backbones: four keras-hub backbones no earlier run compiled, added 2026-11-29 after every rule of the estimate
+# (Qwen-MoE, whose experts' sums a shared expert joins; the vision encoders of CLIP and SigLIP at 128 x 128; CSPNet's
+# cross-stage CNN). `--untried-backbones` plans and compiles these into planner_vs_deviceless_untried_backbones.json.
+UNTRIED_BACKBONES = [
+    (
+        "qwen_moe h256 2 layers 4 experts b32 s256",
+        "QwenMoeBackbone",
+        dict(
+            vocabulary_size=4096,
+            num_layers=2,
+            num_query_heads=8,
+            num_key_value_heads=2,
+            hidden_dim=256,
+            intermediate_dim=1024,
+            moe_intermediate_dim=256,
+            shared_expert_intermediate_dim=512,
+            num_experts=4,
+            top_k=2,
+        ),
+        32,
+        256,
+    ),
+    (
+        "clip_vision h256 2 layers p16 128 b64",
+        "CLIPVisionEncoder",
+        dict(
+            patch_size=16, hidden_dim=256, num_layers=2, num_heads=8, intermediate_dim=1024, image_shape=(128, 128, 3)
+        ),
+        64,
+        None,
+    ),
+    (
+        "siglip_vision h256 2 layers p16 128 b64",
+        "SigLIPVisionEncoder",
+        dict(
+            patch_size=16, hidden_dim=256, num_layers=2, num_heads=8, intermediate_dim=1024, image_shape=(128, 128, 3)
+        ),
+        64,
+        None,
+    ),
+    (
+        "cspnet 64,128 128 b64",
+        "CSPNetBackbone",
+        dict(
+            stem_filters=32,
+            stem_kernel_size=3,
+            stem_strides=2,
+            stackwise_depth=[1, 2],
+            stackwise_strides=[1, 2],
+            stackwise_num_filters=[64, 128],
+            block_type="bottleneck_block",
+            stage_type="csp",
+            bottle_ratio=[0.5],
+            expand_ratio=[2.0],
+            image_shape=(128, 128, 3),
+        ),
+        64,
+        None,
+    ),
+]
+
 # A sublayer whose backward runs far more kernels than any above: Qwen3.5's gated delta net (a 63-step correction loop
 # per chunk, about 500 kernels in its backward against at most 33 in the configs the bands are drawn from).
 # `--long-spans` plans and compiles it into planner_vs_deviceless_long_spans.json (`calibration.LONG_SPAN_LOW`).
@@ -666,7 +729,7 @@ def config_named(model):
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
     every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + CNNS_MAX_POOLS + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO
     every += NEWEST_FAMILIES
-    every += OTHER_BACKBONES + TASKS
+    every += OTHER_BACKBONES + UNTRIED_BACKBONES + TASKS
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -712,6 +775,9 @@ def main():
     parser.add_argument(
         "--other-backbones", action="store_true", help="nine keras-hub backbones added 2026-11-28 (OTHER_BACKBONES)"
     )
+    parser.add_argument(
+        "--untried-backbones", action="store_true", help="four keras-hub backbones added 2026-11-29 (UNTRIED_BACKBONES)"
+    )
     parser.add_argument("--tasks", action="store_true", help="keras-hub tasks, head and loss whole (TASKS)")
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
@@ -741,6 +807,8 @@ def main():
         configs, name = NEWEST_FAMILIES, "newest_families"
     elif args.other_backbones:
         configs, name = OTHER_BACKBONES, "other_backbones"
+    elif args.untried_backbones:
+        configs, name = UNTRIED_BACKBONES, "untried_backbones"
     elif args.tasks:
         configs, name = TASKS, "tasks"
     elif args.cnns:

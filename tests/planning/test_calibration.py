@@ -147,6 +147,7 @@ NEWEST_FAMILIES = "benchmarks/results/planner_vs_deviceless_newest_families.json
 NEWEST_FAMILIES_BFLOAT16 = "benchmarks/results/planner_vs_deviceless_newest_families_bfloat16.json"
 NEWEST_FAMILIES_16 = "benchmarks/results/planner_vs_deviceless_newest_families_16.json"
 OTHER_BACKBONES = "benchmarks/results/planner_vs_deviceless_other_backbones.json"  # 9 more keras-hub backbones on 8
+UNTRIED_BACKBONES = "benchmarks/results/planner_vs_deviceless_untried_backbones.json"  # 4 more, compiled 2026-11-29
 TASKS = "benchmarks/results/planner_vs_deviceless_tasks.json"  # 6 keras-hub tasks, head and loss whole, on 8
 FAMILIES_HELD_OUT_FLOAT16 = "benchmarks/results/planner_vs_deviceless_families_held_out_float16.json"  # T5, Qwen3
 FAMILIES_HELD_OUT_S64 = "benchmarks/results/planner_vs_deviceless_families_held_out_s64.json"  # 4, 256 x 64 tokens
@@ -441,6 +442,23 @@ def test_nine_more_backbones_name_the_rows_outside_their_bands():
     outside = [r for r in rows if not r["in_band"]]
     assert len(outside) == 17 and all(r["ratio"] > 1.10 for r in outside)
     assert max(outside, key=lambda r: r["ratio"])["config"].startswith("resnet basic")
+
+
+def test_four_untried_backbones_are_in_their_bands_and_under_only_where_the_limits_say():
+    """Qwen-MoE, CLIP's and SigLIP's vision encoders and CSPNet (`--untried-backbones`), compiled after every rule:
+    every row in its band; more than 5% under only on Qwen-MoE's meshes that mix fsdp and model (the experts' tokens
+    of every device, "Mixture-of-experts layers under fsdp") and on the vision encoders' steps under 100 MB, where
+    the cuBLAS workspace XLA holds at its peak weighs (docs/plan.md, "Four untried backbones, held out")."""
+    rows = _rows(UNTRIED_BACKBONES)
+    assert len(rows) == 49 and all(r["in_band"] for r in rows)
+    under = [r for r in rows if _more_than_5_percent_under(r)]
+    moe = {r["mesh"] for r in under if r["config"].startswith("qwen_moe")}
+    assert moe == {"data=2,fsdp=2,model=2", "fsdp=4,model=2", "fsdp=2,model=4"}
+    vision = [r for r in under if not r["config"].startswith("qwen_moe")]
+    assert {r["config"].split()[0] for r in vision} == {"clip_vision", "siglip_vision"}
+    assert all(r["xla_gpu_deviceless"] < 100e6 for r in vision)
+    cspnet = [r for r in rows if r["config"].startswith("cspnet")]
+    assert all(r["band_class"].endswith(" cnns") and r["ratio"] > 0.95 for r in cspnet)
 
 
 def test_keras_hub_tasks_whole_keep_their_language_models_within_10_percent_on_every_mesh():
