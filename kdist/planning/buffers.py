@@ -372,13 +372,11 @@ def _merged_gemms(p, mat, producer, consumers):
     is beside another projection (the scores, q·kᵀ, not a rotary embedding's
     output): `memory_model.merged_gemm_lasts` says why.
     """
-    f, groups = p.flat, {}
+    f, groups, projections = p.flat, {}, set()
     weights = set(p.w) | set(p.weight_copy)
-    projections = set()
-    for i in range(p.n_fwd):
-        prim, ins, outs = f.eqns[i]
-        if prim != "dot_general":
-            continue
+    gemms = [i for i in range(p.n_fwd) if f.eqns[i][0] == "dot_general"]
+    for i in gemms:
+        _, ins, outs = f.eqns[i]
         projections.add(outs[0])
         readers = consumers[outs[0]]
         if not mat[outs[0]] or len(readers) != 1 or f.eqns[readers[0]][0] != "add":
@@ -391,9 +389,7 @@ def _merged_gemms(p, mat, producer, consumers):
                 key = (ins[0], repr(f.params[i]), f.dtype[outs[0]])
                 groups.setdefault(key, []).append((outs[0], add[2][0]))
                 projections.add(add[2][0])
-    read_together = [
-        {_as_it_is(x, f, producer) for x in f.eqns[i][1]} for i in range(p.n_fwd) if f.eqns[i][0] == "dot_general"
-    ]
+    read_together = [{_as_it_is(x, f, producer) for x in f.eqns[i][1]} for i in gemms]
     merged = []
     for key, members in groups.items():
         sums = {total for _, total in members}
@@ -407,8 +403,7 @@ def _as_it_is(x, f, producer):
     while producer[x] is not None:
         prim, ins, _ = f.eqns[producer[x]]
         arrays = [v for v in ins if math.prod(f.shape[v]) > 1]
-        cheap = prim in ALIASES or prim in ("convert_element_type", "mul", "div")
-        if not cheap or len(arrays) != 1:
+        if prim not in ALIASES | {"convert_element_type", "mul", "div"} or len(arrays) != 1:
             return x
         x = arrays[0]
     return x

@@ -28,6 +28,7 @@ SHARDED_RESULTS = "benchmarks/results/planner_vs_deviceless_sharded.json"  # the
 SHARDED_64_RESULTS = "benchmarks/results/planner_vs_deviceless_sharded_64.json"  # Llama and GPT-2 on 64 H100s
 FULL_SIZE_RESULTS = "benchmarks/results/planner_vs_deviceless_full_size.json"  # GPT-2 small and ViT-Base on 8 H100s
 FAMILIES_RESULTS = "benchmarks/results/planner_vs_deviceless_families.json"  # 8 more keras-hub families on 8 H100s
+FAMILIES_HELD_OUT_RESULTS = "benchmarks/results/planner_vs_deviceless_families_held_out.json"  # 12 more: fsdp rows
 CNNS_RESULTS = "benchmarks/results/planner_vs_deviceless_cnns.json"  # MobileNetV2, EfficientNetB0, DenseNet121 on 8
 CNNS_HELD_OUT_RESULTS = "benchmarks/results/planner_vs_deviceless_cnns_held_out.json"  # ResNet50, InceptionV3, ...
 CNNS_1_RESULTS = "benchmarks/results/planner_vs_deviceless_cnns_1.json"  # the first three on one H100, batch 32
@@ -114,11 +115,12 @@ BANDS = (
         "transformer",
         0.86,
         1.07,
-        f"{DEVICELESS_RESULTS}: Llama-0.5B fsdp=2 0.984, fsdp=4 0.988; {SHARDED_RESULTS}: small Llama, GPT-2, "
-        f"BERT, Bloom, ViT on 3 fsdp meshes of 8 0.937-0.992, Gemma-2B's widths (2 layers, vocabulary 256000) "
-        f"0.860-1.005; {SHARDED_64_RESULTS}: Llama, GPT-2 on 6 fsdp meshes of 64 0.945-0.973; {FULL_SIZE_RESULTS}: "
-        f"GPT-2 small, ViT-Base on 3 fsdp meshes of 8 0.986-0.999; {FAMILIES_RESULTS}: 7 families on 3 fsdp meshes "
-        "of 8 0.922-1.064 (Gemma 2: below)",
+        f"{DEVICELESS_RESULTS}: Llama-0.5B fsdp=2 and fsdp=4 1.013-1.016; {SHARDED_RESULTS}: small Llama, GPT-2, "
+        f"BERT, Bloom, ViT and Gemma-2B's widths (2 layers, vocabulary 256000) on 3 fsdp meshes of 8 0.995-1.163; "
+        f"{SHARDED_64_RESULTS}: Llama, GPT-2 on 6 fsdp meshes of 64 1.028-1.059; {FULL_SIZE_RESULTS}: GPT-2 small, "
+        f"ViT-Base on 3 fsdp meshes of 8 1.001-1.014; {FAMILIES_RESULTS}: 7 families on 3 fsdp meshes of 8 "
+        f"0.978-1.084 (Gemma 2: below); {FAMILIES_HELD_OUT_RESULTS}: 12 more families on 3 fsdp meshes of 8 "
+        "0.936-1.138 (held out until the cuBLAS workspace took DeiT's fsdp rows, 0.940-0.948, from the top)",
     ),
     BandClass(
         "model",
@@ -140,13 +142,6 @@ BANDS = (
 # (rounded up to 0.1%).
 LHS_RESULTS = "benchmarks/results/xla_scheduler_memory.json"
 LHS_HIGH = 1.022
-
-# XLA:GPU gives each cuBLAS GEMM custom call a workspace, an s8[4194304] output alive while the GEMM runs (every
-# deviceless compile's buffer assignment). The estimate does not count it: counted at every GEMM it over-counts where
-# XLA's peak is at another kernel (docs/plan.md, "Fixed runtime costs"). A GPU candidate's band reaches it over the
-# class's top: on a step of a few MB it is most of the gap (kdist's tiny CLIP on data=8 of 8 H100s: 5.6 MB estimated,
-# 9.3 MB compiled, 4.2 MB of it the workspace).
-GEMM_WORKSPACE = 4 * 2**20
 
 # Mixture-of-experts models on several devices: XLA's expert layers are not modelled (docs/plan.md, "Limits").
 # XLA:GPU's deviceless figure / the estimate was at most MOE_FSDP_HIGH on the fsdp meshes of MOE_RESULTS (kdist's tiny

@@ -6,7 +6,6 @@ from kdist.meshes.enumerate import spec_of
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.calibration import (
     FUSED_GPU_HIGH,
-    GEMM_WORKSPACE,
     LONG_SPAN_KERNELS,
     LONG_SPAN_LOW,
     MIXED_PRECISION_HIGH,
@@ -16,7 +15,13 @@ from kdist.planning.calibration import (
     band_class,
 )
 from kdist.planning.comm import communication, validity
-from kdist.planning.memory_model import buffer_factors, collectives_overlap, memory_terms, placed_variables
+from kdist.planning.memory_model import (
+    GEMM_WORKSPACE,
+    buffer_factors,
+    collectives_overlap,
+    memory_terms,
+    placed_variables,
+)
 from kdist.planning.plan import Candidate
 from kdist.planning.timing import step_time
 from kdist.units import itemsize

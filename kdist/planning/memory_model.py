@@ -99,8 +99,9 @@ def memory_terms(facts, rows, axes, batch_size):
 
     Returns weights, gradients (all of them: the gradient state), optimizer,
     other (the batch shard), and from the timeline at its peak: activations,
-    live_gradients, loss, backward, gathered, transient (the sum of those four)
-    and phase ("forward", "backward" or "optimizer update"; None untraced).
+    live_gradients, loss, backward, gathered, workspace (a GEMM's, where the
+    peak is at one: `workspace_peak`), transient (the sum of those five) and
+    phase ("forward", "backward" or "optimizer update"; None untraced).
     """
     scale = itemsize(facts.dtype) if facts.dtype is not None else None
     trainable = [r for r in rows if r.kind == "trainable"]
@@ -114,23 +115,52 @@ def memory_terms(facts, rows, axes, batch_size):
     traced = facts.traced
     if traced is None:  # no layer graph: every gradient is counted alive, activations are unknown
         live = {"activations": 0, "gradients": terms["gradients"], "loss": 0, "backward": 0, "gathered": 0}
-        live["unreduced"], phase = 0, None
+        live["unreduced"], live["workspace"], phase = 0, 0, None
     else:
         factor = buffer_factors(facts, rows, axes, local_batch)
-        last = reduction_order_lasts(traced.step, factor, axes)
-        last = scheduler_lasts(traced.step, last, axes)
-        last = merged_gemm_lasts(traced.step, last, factor, axes)
+        ordered = reduction_order_lasts(traced.step, factor, axes)
+        last = merged_gemm_lasts(traced.step, scheduler_lasts(traced.step, ordered, axes), factor, axes)
         curves = traced.step.sweep(factor, last)
         t = int(sum(curves.values()).argmax())
-        live = {term: int(curves[term][t]) for term in TERMS}
+        live = {term: int(curves[term][t]) for term in TERMS} | {"workspace": 0}
+        at_gemm = workspace_peak(traced.step, factor, merged_gemm_lasts(traced.step, ordered, factor, axes))
+        if at_gemm is not None and sum(at_gemm[1].values()) > sum(live.values()):
+            t, live = at_gemm
         phase = traced.step.phase(t)
     terms["activations"] = live["activations"]
     terms["live_gradients"] = live["gradients"]
     terms["loss"], terms["gathered"] = live["loss"], live["gathered"]
     terms["backward"] = live["backward"] + live["unreduced"]  # FSDP's whole local gradients before reduce-scatter
-    terms["transient"] = live["gradients"] + live["loss"] + terms["backward"] + live["gathered"]
+    terms["workspace"] = live["workspace"]
+    terms["transient"] = live["gradients"] + live["loss"] + terms["backward"] + live["gathered"] + live["workspace"]
     terms["phase"] = phase
     return terms
+
+
+# XLA:GPU gives each cuBLAS GEMM custom call a workspace, an s8[4194304] output alive while the GEMM runs (every
+# deviceless compile's buffer assignment): where XLA's peak is at a GEMM it holds one.
+GEMM_WORKSPACE = 4 * 2**20
+
+
+def workspace_peak(step, factor, last):
+    """(event, {term: bytes}) where the step peaks with a cuBLAS workspace beside a GEMM, on a GPU target; else None.
+
+    XLA:GPU gives each cuBLAS GEMM a workspace (`GEMM_WORKSPACE`),
+    alive while it runs: where XLA's peak is at a GEMM it holds one. On a
+    small step that is most of what XLA compiles over the rest of the
+    estimate (CLIP's vision encoder on fsdp=8: 36.3 MB of step buffers
+    against XLA's 40.4 MB, its peak at the backward's first GEMM). Taken on
+    `last`, each buffer's last read without the scheduler's worst order,
+    which bounds from above what is alive anywhere in a sublayer's backward
+    and is not an order at which a GEMM runs (docs/plan.md, "The cuBLAS
+    workspace").
+    """
+    if step.rules.platform != "gpu" or not any(step.event_gemms):
+        return None
+    curves = step.sweep(factor, last)
+    workspace = GEMM_WORKSPACE * np.append(np.asarray(step.event_gemms, dtype=np.int64), 0)  # none after the last event
+    t = int((sum(curves.values()) + workspace).argmax())
+    return t, {term: int(curves[term][t]) for term in TERMS} | {"workspace": int(workspace[t])}
 
 
 def collectives_overlap(step, axes):

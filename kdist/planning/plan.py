@@ -8,7 +8,7 @@ from kdist.render.plan import plan_renderables
 from kdist.reporting import Report
 
 MEMORY_TERMS = ("weights", "optimizer", "activations", "transient", "other")  # what `Candidate.peak` sums
-TRANSIENT_TERMS = ("live_gradients", "loss", "backward", "gathered")  # what `Candidate.transient` holds
+TRANSIENT_TERMS = ("live_gradients", "loss", "backward", "gathered", "workspace")  # what `Candidate.transient` holds
 
 
 @dataclasses.dataclass
@@ -19,14 +19,17 @@ class Candidate:
     + activations + transient + other, at the step's memory peak (`phase`):
     `activations` are the forward's buffers kept for the backward pass,
     `transient` the gradients made so far (`live_gradients`), the loss's
-    buffers (`loss`), backward temporaries (`backward`) and all-gathered
-    copies (`gathered`: FSDP's weights, an FFT's operand and output);
+    buffers (`loss`), backward temporaries (`backward`), all-gathered
+    copies (`gathered`: FSDP's weights, an FFT's operand and output) and,
+    on a GPU where the peak is at a matrix product, its cuBLAS workspace
+    (`workspace`);
     `other` the batch shard. `gradients` is the whole gradient state (the
     inspector's bytes), of which only `live_gradients`
     exist at the peak. `band` is (low, high) bytes: the peak times the spread
     of truth / estimate on configs like this one (`band_class`, e.g.
     "fsdp transformers": `kdist.planning.calibration.BANDS`), the top plus
-    XLA:GPU's cuBLAS workspace (`GEMM_WORKSPACE`), widened where
+    XLA:GPU's cuBLAS workspace (`memory_model.GEMM_WORKSPACE`: XLA's order may
+    peak at a GEMM where the estimate's does not), widened where
     the estimate is unsure, or None; `band_why` says why it is wider or
     absent. `comm` maps each
     mesh axis to `{"size", "collectives": [{"kind", "of", "bytes", "count",
@@ -59,6 +62,7 @@ class Candidate:
     loss: int = 0
     backward: int = 0
     gathered: int = 0
+    workspace: int = 0
     phase: str = None
     band: tuple = None
     band_class: str = ""
@@ -96,10 +100,10 @@ class Candidate:
 
     @property
     def ratio(self):
-        """Estimated / compiled peak, when verified."""
+        """Estimated / compiled peak, when verified (against XLA:CPU, which has no cuBLAS, less the workspace)."""
         if not self.compiled or not self.compiled.get("peak"):
             return None
-        return self.peak / self.compiled["peak"]
+        return (self.peak - self.workspace * (self.compiled.get("backend") == "cpu")) / self.compiled["peak"]
 
     def to_dict(self):
         return {

@@ -20,7 +20,6 @@ from kdist.planning.attention import ATTENTION
 from kdist.planning.calibration import (
     AUTOTUNED_HIGH,
     BANDS,
-    GEMM_WORKSPACE,
     LHS_HIGH,
     LHS_RESULTS,
     MEASURED_RESULTS,
@@ -31,6 +30,7 @@ from kdist.planning.calibration import (
 from kdist.planning.candidates import evaluate
 from kdist.planning.deviceless import COMPILER_OPTIONS, gpu_devices
 from kdist.planning.facts import ModelFacts, check_dtype
+from kdist.planning.memory_model import GEMM_WORKSPACE
 from kdist.planning.plan import Plan
 from kdist.planning.ranking import rank
 from kdist.planning.targets import DEFAULT_MARGIN, check_margin, cpu_proxy_note, resolve_target, scheduler_limit
@@ -217,7 +217,8 @@ def _band_notes(facts, devices, candidates):
         notes.append(
             f"band: the truth fell within these of the estimate on configs like each mesh (H100, measured or "
             f"XLA:GPU's figure; kdist.planning.calibration.BANDS): {spreads}; each top plus the "
-            f"{GEMM_WORKSPACE / 2**20:g} MiB workspace XLA:GPU gives a cuBLAS GEMM, which the estimate leaves out"
+            f"{GEMM_WORKSPACE / 2**20:g} MiB workspace XLA:GPU gives a cuBLAS GEMM, which the estimate counts only "
+            f"where its own order peaks at one"
         )
         notes.append(
             f"band: the estimate follows XLA:GPU's compile without a GPU; on one H100 under XLA's default flags "

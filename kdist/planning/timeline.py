@@ -50,6 +50,7 @@ class Step:
         # shapes of the operation it runs (and its kind, for `gradient_kernels`); per variable: the events using
         # it and its final gradient buffer.
         self.event_flops, self.event_dtype, self.event_shapes, self.event_kinds = [], [], [], []
+        self.event_gemms = []  # whether each event is a matrix product (a cuBLAS GEMM on a GPU)
         self.weight_uses, self.final_grads = {}, []
 
     def new(self, size, shape, term="activations", dtype="float32"):
@@ -152,6 +153,7 @@ class Step:
         memo = {}
         self.events = []
         self.event_flops, self.event_dtype, self.event_shapes, self.event_kinds = [], [], [], []
+        self.event_gemms = []
         self.final_grads = []
         self.sublayer_spans = []
         forward_start = {}  # per call (its mapping): the first event of its forward run
@@ -181,7 +183,8 @@ class Step:
                         self.events.append((made, read, tuple(r for r in read if r in writable)))
                         _, ins, outs = p.flat.eqns[i]
                         self._event_info(p.flat.flops[i], p.flat.dtype[outs[0]] if outs else "float32",
-                                         tuple(p.flat.shape[x] for x in (*ins, *outs)), p.kinds[i])  # fmt: skip
+                                         tuple(p.flat.shape[x] for x in (*ins, *outs)), p.kinds[i],
+                                         p.flat.eqns[i][0] == "dot_general")  # fmt: skip
                         if backward:  # a layer call's (trace_layer names every equation's sublayer)
                             self._extend_span(len(self.events) - 1, (id(mapping), p.sublayers[i]))
             elif item[0] == "acc":
@@ -256,7 +259,8 @@ class Step:
         else:
             self.sublayer_spans.append((t, t, key))
 
-    def _event_info(self, flops=0, dtype="float32", shapes=(), kind="other"):
+    def _event_info(self, flops=0, dtype="float32", shapes=(), kind="other", gemm=False):
+        self.event_gemms.append(gemm)
         self.event_flops.append(flops)
         self.event_dtype.append(str(dtype))
         self.event_shapes.append(shapes)

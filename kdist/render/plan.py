@@ -49,6 +49,7 @@ def memory_line(c):
             ("loss", c.loss),
             ("backward", c.backward),
             ("gathered copies", c.gathered),
+            ("a GEMM's workspace", c.workspace),
         )
         if v
     )

@@ -7,7 +7,7 @@ import kdist
 from kdist.errors import MissingDependencyError
 from kdist.jax_internals import cuda_plugin_installed
 from kdist.models import mnist_mlp
-from kdist.planning.calibration import GEMM_WORKSPACE
+from kdist.planning.memory_model import GEMM_WORKSPACE
 from kdist.rules import KERAS_CORE, Rule, RuleSet
 
 needs_plugin = pytest.mark.skipif(not cuda_plugin_installed(), reason="jax's CUDA PJRT plugin is not installed")
@@ -30,13 +30,16 @@ def test_verify_compiles_for_an_h100_without_one():
 
 
 @needs_plugin
-def test_a_band_reaches_the_cublas_workspace_that_is_most_of_a_small_step():
-    """At batch 64 the MNIST MLP's step is a few MB, and XLA:GPU's 4 MiB cuBLAS workspace, which the estimate leaves
-    out, is most of what it compiles over the estimate: above the class's top, inside the band that adds it."""
+def test_the_cublas_workspace_that_is_most_of_a_small_step_is_counted_where_the_step_peaks_at_a_gemm():
+    """At batch 64 the MNIST MLP's step is a few MB, and XLA:GPU's 4 MiB cuBLAS workspace is most of what it compiles:
+    the estimate counts it at the GEMM where its order peaks (1.01 and 1.17 of XLA's figure on data=2 and fsdp=2; the
+    MLP's one-run backward keeps its activations long, docs/plan.md); without it the estimate was half XLA's figure."""
     result = kdist.plan(mnist_mlp, 2, batch_size=64, verify=["data=2", "fsdp=2"], verify_target="H100")
     for spec in ("data=2", "fsdp=2"):
         c = result.candidate(spec)
-        assert c.band[1] - GEMM_WORKSPACE < c.compiled["peak"] <= c.band[1], (spec, c.peak, c.band, c.compiled)
+        assert c.workspace == GEMM_WORKSPACE and 0.95 <= c.ratio <= 1.2, (spec, c.peak, c.compiled)
+        assert c.band[0] <= c.compiled["peak"] <= c.band[1]
+        assert c.peak - c.workspace < 0.7 * c.compiled["peak"]
     assert "each top plus the 4 MiB workspace XLA:GPU gives a cuBLAS GEMM" in "\n".join(result.notes)
 
 
