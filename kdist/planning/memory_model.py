@@ -25,6 +25,9 @@ from kdist.units import is_float, itemsize
 
 # XLA:GPU's DotMerger merges GEMMs of which one moves at most this many bytes (xla_gpu_dot_merger_threshold_mb: 32).
 DOT_MERGER_BYTES = 32 * 2**20
+# XLA:GPU gives each cuBLAS GEMM custom call a workspace, an s8[4194304] output alive while the GEMM runs (every
+# deviceless compile's buffer assignment): where XLA's peak is at a GEMM it holds one (`workspace_peak`).
+GEMM_WORKSPACE = 4 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,11 +138,6 @@ def memory_terms(facts, rows, axes, batch_size):
     terms["transient"] = live["gradients"] + live["loss"] + terms["backward"] + live["gathered"] + live["workspace"]
     terms["phase"] = phase
     return terms
-
-
-# XLA:GPU gives each cuBLAS GEMM custom call a workspace, an s8[4194304] output alive while the GEMM runs (every
-# deviceless compile's buffer assignment): where XLA's peak is at a GEMM it holds one.
-GEMM_WORKSPACE = 4 * 2**20
 
 
 def workspace_peak(step, factor, last):
