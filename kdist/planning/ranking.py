@@ -113,7 +113,7 @@ def _no_valid_mesh(result):
 def _nothing_fits(result, facts, valid):
     smallest = min(valid, key=lambda c: c.peak)
     memory, budget = result.memory_per_device, result.budget
-    state = smallest.weights + smallest.optimizer + smallest.gathered
+    state = smallest.weights + smallest.optimizer + smallest.gathered + smallest.workspace  # no batch shrinks these
     text = (
         f"No candidate fits {human_bytes(memory)} per device with a {result.margin:.0%} margin (a budget of "
         f"{human_bytes(budget)}). The smallest per-device requirement is {human_bytes(smallest.peak)} "
@@ -137,10 +137,12 @@ def _nothing_fits(result, facts, valid):
     if not options:
         if state > budget:
             smaller = " or a smaller dtype (dtype='bfloat16')" if facts.act_itemsize > 2 else ""
+            workspace = f", XLA:GPU's {human_bytes(smallest.workspace)} cuBLAS workspace" if smallest.workspace else ""
             return text + (
-                f" Without activations it still needs {human_bytes(state)} (weights, optimizer state and gathered "
-                f"weights), and more devices (doubling from {result.devices}) do not bring it under the budget: "
-                f"shard more of the model (rules), rematerialise (remat=True), or use a different optimizer{smaller}."
+                f" Without activations it still needs {human_bytes(state)} (weights, optimizer state, gathered "
+                f"weights{workspace}), and more devices (doubling from {result.devices}) do not bring it under the "
+                f"budget: shard more of the model (rules), rematerialise (remat=True), use a different optimizer"
+                f"{smaller}, or give each device more memory."
             )
         return text + " Use more devices or a smaller batch."
     return text + " To fit: " + ", or ".join(options) + "."
@@ -168,7 +170,7 @@ def _largest_fitting_batch(result, facts, valid):
     memory, best = result.budget, None
     for c in valid:
         split = c.axes.get("data", 1) * c.axes.get("fsdp", 1)
-        state = c.weights + c.optimizer + c.gathered + c.live_gradients
+        state = c.weights + c.optimizer + c.gathered + c.live_gradients + c.workspace
         per_example = (c.peak - state) / max(1, result.batch_size // split)
         if state >= memory or not per_example:
             continue

@@ -166,6 +166,16 @@ def test_a_budget_no_candidate_fits_says_what_would(plans):
     assert kdist.plan(model, devices, batch_size=16, memory_per_device="6MB").recommendation is not None
 
 
+def test_a_budget_under_what_no_batch_or_mesh_shrinks_says_so_instead_of_suggesting_either(plans):
+    """On a GPU the tiny transformer's smallest mesh peaks at a GEMM with its 4 MiB cuBLAS workspace: with the state,
+    more than a 5 MB budget less its margin holds, whatever the batch or the device count."""
+    model, _ = plans["tiny-transformer"]
+    result = kdist.plan(model, 8, batch_size=16, memory_per_device="5MB")
+    assert result.recommendation is None and not result.suggestions
+    assert "Without activations it still needs" in result.advice and "4.00 MiB cuBLAS workspace" in result.advice
+    assert "Use more devices or a smaller batch" not in result.advice
+
+
 def test_auto_preset_uses_the_plans_recommendation(plans):
     model, result = plans["mlp"]
     dist = kdist.preset("auto", model=model, batch_size=64)
