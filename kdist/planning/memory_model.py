@@ -126,7 +126,10 @@ def memory_terms(facts, rows, axes, batch_size):
         curves = traced.step.sweep(factor, last)
         t = int(sum(curves.values()).argmax())
         live = {term: int(curves[term][t]) for term in TERMS} | {"workspace": 0}
-        at_gemm = workspace_peak(traced.step, factor, merged_gemm_lasts(traced.step, ordered, factor, axes))
+        in_order = curves  # the trace's order: without collectives no scheduler reorders it, `last` is that already
+        if collectives_overlap(traced.step, axes):
+            in_order = traced.step.sweep(factor, merged_gemm_lasts(traced.step, ordered, factor, axes))
+        at_gemm = workspace_peak(traced.step, in_order)
         if at_gemm is not None and sum(at_gemm[1].values()) > sum(live.values()):
             t, live = at_gemm
         phase = traced.step.phase(t)
@@ -140,22 +143,21 @@ def memory_terms(facts, rows, axes, batch_size):
     return terms
 
 
-def workspace_peak(step, factor, last):
-    """(event, {term: bytes}) where the step peaks with a cuBLAS workspace beside a GEMM, on a GPU target; else None.
+def workspace_peak(step, curves):
+    """(event, {term: bytes}) where `curves` peak with a cuBLAS workspace beside a GEMM, on a GPU target; else None.
 
     XLA:GPU gives each cuBLAS GEMM a workspace (`GEMM_WORKSPACE`),
     alive while it runs: where XLA's peak is at a GEMM it holds one. On a
     small step that is most of what XLA compiles over the rest of the
     estimate (CLIP's vision encoder on fsdp=8: 36.3 MB of step buffers
-    against XLA's 40.4 MB, its peak at the backward's first GEMM). Taken on
-    `last`, each buffer's last read without the scheduler's worst order,
-    which bounds from above what is alive anywhere in a sublayer's backward
-    and is not an order at which a GEMM runs (docs/plan.md, "The cuBLAS
-    workspace").
+    against XLA's 40.4 MB, its peak at the backward's first GEMM). `curves`
+    (`Step.sweep`) are the trace's order, without the scheduler's worst
+    order, which bounds from above what is alive anywhere in a sublayer's
+    backward and is not an order at which a GEMM runs (docs/plan.md, "The
+    cuBLAS workspace").
     """
     if step.rules.platform != "gpu" or not any(step.event_gemms):
         return None
-    curves = step.sweep(factor, last)
     workspace = GEMM_WORKSPACE * np.append(np.asarray(step.event_gemms, dtype=np.int64), 0)  # none after the last event
     t = int((sum(curves.values()) + workspace).argmax())
     return t, {term: int(curves[term][t]) for term in TERMS} | {"workspace": int(workspace[t])}

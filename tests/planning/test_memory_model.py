@@ -178,7 +178,7 @@ def test_on_several_gpus_the_estimate_takes_the_schedulers_worst_order(llama, mo
     def data(**options):
         return kdist.plan(llama, 2, batch_size=8, sequence_length=128, **options).candidate("data=2")
 
-    monkeypatch.setattr(memory_model, "workspace_peak", lambda step, factor, last: None)  # the trace's order alone
+    monkeypatch.setattr(memory_model, "workspace_peak", lambda step, curves: None)  # the trace's order alone
     worst, on_cpu = data(), data(target="cpu")
     monkeypatch.setattr(memory_model, "scheduler_lasts", lambda step, last, axes: last)
     assert _step_buffers(worst) > _step_buffers(data())
@@ -194,17 +194,22 @@ def _gemm_step(read, beside, platform="gpu"):
     return step
 
 
+def _swept(step):
+    """(step, its live bytes per term after each event in the trace's order)."""
+    return step, step.sweep(1.0)
+
+
 def test_a_gpu_step_peaks_at_a_gemm_with_its_cublas_workspace_where_that_is_higher():
     """XLA:GPU's GEMM holds a 4 MiB workspace while it runs: 10 + 4 MiB at the GEMM beats 10 + 2 MiB after it; 1 + 4
     MiB at the GEMM does not beat 1 + 6 MiB."""
-    t, live = memory_model.workspace_peak(_gemm_step(10, 2), 1.0, None)
+    t, live = memory_model.workspace_peak(*_swept(_gemm_step(10, 2)))
     assert (t, live["workspace"], sum(live.values())) == (1, GEMM_WORKSPACE, 14 * 2**20)
-    t, live = memory_model.workspace_peak(_gemm_step(1, 6), 1.0, None)
+    t, live = memory_model.workspace_peak(*_swept(_gemm_step(1, 6)))
     assert (t, live["workspace"], sum(live.values())) == (2, 0, 7 * 2**20)
     no_gemm = _gemm_step(10, 2)
     no_gemm.event_gemms = [False] * 4
-    assert memory_model.workspace_peak(no_gemm, 1.0, None) is None
-    assert memory_model.workspace_peak(_gemm_step(10, 2, "tpu"), 1.0, None) is None  # cuBLAS is a GPU's
+    assert memory_model.workspace_peak(*_swept(no_gemm)) is None
+    assert memory_model.workspace_peak(*_swept(_gemm_step(10, 2, "tpu"))) is None  # cuBLAS is a GPU's
     model = kdist.abstract_model(tiny_transformer)
     gpu, tpu = (kdist.plan(model, 8, batch_size=16, target=t).candidate("fsdp=8") for t in ("gpu", "tpu"))
     assert (gpu.workspace, tpu.workspace) == (GEMM_WORKSPACE, 0)  # a step of a few MB peaks at a GEMM on a GPU
