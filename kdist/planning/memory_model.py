@@ -21,13 +21,16 @@ from kdist.meshes.layout import shard_bytes, split_by
 from kdist.planning import comm, propagation
 from kdist.planning.timeline import TERMS
 from kdist.planning.trace import TRACE_BATCH
-from kdist.units import is_float, itemsize
+from kdist.units import HALF_FLOATS, is_float, itemsize
 
 # XLA:GPU's DotMerger merges GEMMs of which one moves at most this many bytes (xla_gpu_dot_merger_threshold_mb: 32).
 DOT_MERGER_BYTES = 32 * 2**20
 # XLA:GPU gives each cuBLAS GEMM custom call a workspace, an s8[4194304] output alive while the GEMM runs (every
 # deviceless compile's buffer assignment): where XLA's peak is at a GEMM it holds one (`workspace_peak`).
 GEMM_WORKSPACE = 4 * 2**20
+# On a mesh that splits the batch beside a model axis of at least this many devices, XLA:GPU gathers a matrix
+# product's operand again where its weight gradient runs instead of keeping the forward's whole copy (`regathered`).
+REGATHER_MODEL_AXIS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,14 +124,17 @@ def memory_terms(facts, rows, axes, batch_size):
         live["unreduced"], live["workspace"], phase = 0, 0, None
     else:
         factor = buffer_factors(facts, rows, axes, local_batch)
+        factor, copies = regathered(facts, rows, axes, factor)
         ordered = reduction_order_lasts(traced.step, factor, axes)
         last = merged_gemm_lasts(traced.step, scheduler_lasts(traced.step, ordered, axes), factor, axes)
         curves = traced.step.sweep(factor, last)
+        curves["gathered"] = curves["gathered"] + copies
         t = int(sum(curves.values()).argmax())
         live = {term: int(curves[term][t]) for term in TERMS} | {"workspace": 0}
         in_order = curves  # the trace's order: without collectives no scheduler reorders it, `last` is that already
         if collectives_overlap(traced.step, axes):
             in_order = traced.step.sweep(factor, merged_gemm_lasts(traced.step, ordered, factor, axes))
+            in_order["gathered"] = in_order["gathered"] + copies
         at_gemm = workspace_peak(traced.step, in_order)
         if at_gemm is not None and sum(at_gemm[1].values()) > sum(live.values()):
             t, live = at_gemm
@@ -161,6 +167,39 @@ def workspace_peak(step, curves):
     workspace = GEMM_WORKSPACE * np.append(np.asarray(step.event_gemms, dtype=np.int64), 0)  # none after the last event
     t = int((sum(curves.values()) + workspace).argmax())
     return t, {term: int(curves[term][t]) for term in TERMS} | {"workspace": int(workspace[t])}
+
+
+def regathered(facts, rows, axes, factor):
+    """`factor` with the buffers a matrix product gathers again counted split, and the whole copies per event.
+
+    On a mesh that splits the batch beside a model axis of `REGATHER_MODEL_AXIS`
+    devices or more, XLA:GPU keeps the split value a projection's forward
+    gathers (a normalized residual stream split over hidden), not the whole
+    copy, and gathers it again for the kernels that read it: a weight
+    gradient's at the end of the backward, where it runs, every layer's in one
+    combined all-gather (RoBERTa and DeiT on data=2,model=4, CLIP's vision
+    encoder on fsdp=2,model=4: docs/plan.md, "Gathered again"). So each
+    kernel reading one holds its whole copy while it runs, and a reduction
+    group's weight-gradient kernels (`reduction_groups`) hold theirs together
+    at the group's end. A 16-bit value (mixed precision's cast) keeps its
+    gathered copy, as do other meshes, one device and other platforms.
+    Returns (factor, copies: bytes per event, zeros where nothing is gathered again).
+    """
+    step = facts.traced.step
+    copies = np.zeros(len(step.events) + 1)
+    shares = _model_splits(facts, rows, axes)[1]
+    batch_split = axes.get("data", 1) * axes.get("fsdp", 1) > 1
+    if shares is None or not batch_split or axes.get("model", 1) < REGATHER_MODEL_AXIS or step.rules.platform != "gpu":
+        return factor, copies
+    split = factor * shares
+    extra = np.asarray(step.size, dtype=np.float64) * (factor - split)
+    for t, reads in reduction_groups(step, np.asarray(step.size, dtype=np.float64) * split):
+        copies[t] += sum(extra[np.unique(read)].sum() for read in reads)
+    weight_gradients = {t for t, _, _ in step.gradient_kernels()}
+    for t, (_, read, _) in enumerate(step.events):
+        if t not in weight_gradients:
+            copies[t] += extra[list(set(read))].sum()
+    return split, copies
 
 
 def collectives_overlap(step, axes):
@@ -316,6 +355,12 @@ def model_split_factors(facts, rows, axes):
     Cached per layout of the weights over those axes (and per axis sizes):
     most candidates of a plan share one.
     """
+    return _model_splits(facts, rows, axes)[0]
+
+
+def _model_splits(facts, rows, axes):
+    """(`model_split_factors`, per buffer the share of its whole copy a device keeps where a matrix product
+    gathers it again, `regathered`; None where nothing is split)."""
     static, step = _static(facts), facts.traced.step
     per_representative = [_axis_dims(r.spec) for r in rows[: len(facts.variables)]]
     layout = tuple(tuple(sorted(s.items())) for s in per_representative)
@@ -323,11 +368,17 @@ def model_split_factors(facts, rows, axes):
     cache = static["splits"]
     if key not in cache:
         if not any(layout):  # nothing split over a model-parallel axis
-            cache[key] = np.ones(len(step.size))
+            cache[key] = np.ones(len(step.size)), None
         else:
             weight_splits = [per_representative[i] for i in static["rep_of"]]
-            splits, twice = propagation.split_axes(step, weight_splits, dict(zip(propagation.AXES, key[1:])))
-            cache[key] = np.array(propagation.factors(splits, step.shape, axes, twice))
+            splits, twice, before = propagation.split_axes(step, weight_splits, dict(zip(propagation.AXES, key[1:])))
+            whole = np.array(propagation.factors(splits, step.shape, axes, twice))
+            shares = np.ones(len(step.size))
+            kept = [g for g in before if step.dtype[g] not in HALF_FLOATS and whole[g] > 0]
+            if kept:
+                split = propagation.factors([before[g] for g in kept], [step.shape[g] for g in kept], axes)
+                shares[kept] = np.array(split) / whole[kept]
+            cache[key] = whole, shares
     return cache[key]
 
 

@@ -20,7 +20,8 @@ class Candidate:
     `activations` are the forward's buffers kept for the backward pass,
     `transient` the gradients made so far (`live_gradients`), the loss's
     buffers (`loss`), backward temporaries (`backward`), all-gathered
-    copies (`gathered`: FSDP's weights, an FFT's operand and output) and,
+    copies (`gathered`: FSDP's weights, an FFT's operand and output,
+    activations a model axis gathers again) and,
     on a GPU where the peak is at a matrix product, its cuBLAS workspace
     (`workspace`);
     `other` the batch shard. `gradients` is the whole gradient state (the

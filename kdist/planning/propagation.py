@@ -24,7 +24,9 @@ carries each split dimension through the operations that read it.
 - a buffer a matrix product contracts on a split dimension the other operand
   does not split is gathered whole before it (a normalized residual stream
   read by a projection whose kernel splits its output): counted whole, as
-  XLA keeps the gathered copy for the backward on some meshes (docs/plan.md).
+  XLA keeps the gathered copy for the backward on some meshes (docs/plan.md);
+  its split is kept aside, for the meshes where XLA gathers it again instead
+  (`memory_model.regathered`).
   A convolution gathers an input split on the channels it reads whole (its
   kernel splits its output channels: XLA:GPU keeps that copy for the weight
   gradient on every mesh); a grouped (depthwise) one convolves each
@@ -78,8 +80,9 @@ PARAMS = {
 
 
 def split_axes(step, weight_splits, sizes=None):
-    """Per buffer of `step`: {axis: dimension} of the model-parallel axes that split it ({} when none), and the
-    buffers XLA holds twice -> their axes: a convolution's partial sum that is a split input's gradient.
+    """Per buffer of `step`: {axis: dimension} of the model-parallel axes that split it ({} when none); the
+    buffers XLA holds twice -> their axes: a convolution's partial sum that is a split input's gradient; and the
+    buffers a matrix product gathers whole -> the split they have before it.
 
     `weight_splits`: per variable index (`step.weight_of`), {axis: dimension}
     of its layout on the candidate mesh; `sizes`: {axis: devices} of that
@@ -94,8 +97,9 @@ def split_axes(step, weight_splits, sizes=None):
         if step.term[g] == "external":
             splits[g] = dict(weight_splits[var])
     forward = {}  # per call (its mapping): its forward run's key and local splits, read by its backward run
-    memo = {}  # run key -> (local splits, local ids a contraction gathers -> axes, local partial sums)
+    memo = {}  # run key -> what `_run` gives for it
     gathered = {}  # buffer -> the axes a matrix product or a convolution gathers it over
+    by_products = set()  # those a matrix product gathers
     summed = set()  # a convolution's partial sums: whole until their reduction, whatever reads them
     scattered = {}  # those of a split input's gradient -> its axes: reduce-scattered from a features-first copy
     for item in step.agenda:
@@ -120,7 +124,7 @@ def split_axes(step, weight_splits, sizes=None):
         )
         if key not in memo:
             memo[key] = _run(p.flat, lo, hi, dict(env), given, fixed, sizes)
-        env, gathered_here, summed_here = memo[key]
+        env, gathered_here, summed_here, products_here = memo[key]
         forward[id(mapping)] = (key, env)
         for x in summed_here:
             if mapping.get(x) is None:
@@ -136,18 +140,23 @@ def split_axes(step, weight_splits, sizes=None):
         for x, axes in gathered_here.items():
             if mapping.get(x) is not None:
                 gathered.setdefault(mapping[x], set()).update(axes)
+                if x in products_here:
+                    by_products.add(mapping[x])
+    before = {}
     for g, axes in gathered.items():  # read whole by a contraction: XLA keeps the gathered copy
         if not _fixed(step, g):
+            if g in by_products:
+                before[g] = splits[g]
             splits[g] = {a: d for a, d in splits[g].items() if a not in axes}
     for g, source in step.derived.items():
         splits[g] = dict(splits[source])
-    return splits, scattered
+    return splits, scattered, before
 
 
 def _run(f, lo, hi, env, given, fixed, sizes):
-    """Operations lo..hi of program `f`: the local splits after them (`env` extended), the values gathered and
-    the convolutions' partial sums."""
-    gathered, summed = {}, set()
+    """Operations lo..hi of program `f`: the local splits after them (`env` extended), the values gathered, the
+    convolutions' partial sums and the values a matrix product gathers."""
+    gathered, summed, by_products = {}, set(), set()
     for i in range(lo, hi):
         name, ins, outs = f.eqns[i]
         operands = []
@@ -161,6 +170,7 @@ def _run(f, lo, hi, env, given, fixed, sizes):
             env[o] = s
         if name == "dot_general":
             found = _gathered(f.params[i], operands)
+            by_products.update(x for x, axes in zip(ins, found) if axes)
         elif name == "conv_general_dilated":
             found = _conv_gathered(f.params[i], operands, shapes)
             if _conv_partial(f.params[i], operands, shapes):
@@ -180,7 +190,7 @@ def _run(f, lo, hi, env, given, fixed, sizes):
             for x, out in _carried(f.params[i], ins, outs):
                 if not env[x] and x not in fixed:
                     env[x] = env[out]
-    return env, gathered, summed
+    return env, gathered, summed, by_products
 
 
 def _fit(split, shape, buffer_shape, sizes):
@@ -280,7 +290,7 @@ def _loop(loop, operands, sizes):
         given[x] = {a: d - 1 for a, d in given.get(x, {}).items() if d > 0}
     carry_in, carry_out = loop.ins[loop.consts : n_in], loop.outs[: loop.carry]
     for _ in range(len(AXES) * len(carry_in) + 1):  # a round that changes something adds an axis to a carry
-        env, _, _ = _run(loop.body, 0, len(loop.body.eqns), {}, dict(given), frozenset(), sizes)
+        env = _run(loop.body, 0, len(loop.body.eqns), {}, dict(given), frozenset(), sizes)[0]
         merged = {x: _merged([given.get(x, {}), env.get(o, {})]) for x, o in zip(carry_in, carry_out)}
         if all(merged[x] == given.get(x, {}) for x in carry_in):
             break

@@ -405,7 +405,8 @@ def test_on_24_devices_only_t5s_model_8_meshes_with_an_axis_of_3_beside_them_are
     above = _above_the_band_top(rows)
     assert above == {("t5", "data=3,model=8"), ("t5", "fsdp=3,model=8")}
     under = [r for r in rows if _more_than_5_percent_under(r)]
-    assert {r["config"].split()[0] for r in under} == {"t5", "gemma3"}
+    assert {r["config"].split()[0] for r in under} == {"t5", "gemma3", "xlm_roberta"}
+    assert [r["mesh"] for r in under if r["config"].startswith("xlm_roberta")] == ["data=6,model=4"]  # "Gathered again"
     assert all(r["ratio"] > 0.92 for r in under if (r["config"].split()[0], r["mesh"]) not in above)
 
 
@@ -421,20 +422,22 @@ def test_two_backbones_added_last_keep_the_safety_rule_and_their_bands_on_every_
 
 
 def test_the_two_backbones_added_last_stay_in_their_bands_in_bfloat16_and_on_16_devices():
-    """`--newest-families --dtype bfloat16` and `--devices 16`: every row in its band; in bfloat16 none under, on 16
-    only T5Gemma's three fsdp meshes more than 5% under (0.937-0.944)."""
+    """`--newest-families --dtype bfloat16` and `--devices 16`: every row in its band but T5Gemma's fsdp=4,model=4
+    on 16 (0.816, where XLA holds each layer's MLP width whole: docs/plan.md, "Gathered again"); in bfloat16 none
+    under, on 16 T5Gemma's three fsdp meshes more than 5% under too (0.937-0.944)."""
     in_bf16 = _rows(NEWEST_FAMILIES_BFLOAT16)
     assert len(in_bf16) == 20 and all(r["in_band"] for r in in_bf16)
     assert not any(_more_than_5_percent_under(r) for r in in_bf16)
     on_16 = _rows(NEWEST_FAMILIES_16)
-    assert len(on_16) == 30 and all(r["in_band"] for r in on_16) and not _above_the_band_top(on_16)
+    outside = [(r["config"].split()[0], r["mesh"]) for r in on_16 if not r["in_band"]]
+    assert len(on_16) == 30 and outside == [("t5gemma", "fsdp=4,model=4")] == list(_above_the_band_top(on_16))
     under = {(r["config"].split()[0], r["mesh"]) for r in on_16 if _more_than_5_percent_under(r)}
-    assert under == {("t5gemma", m) for m in ("data=4,fsdp=4", "data=2,fsdp=8", "fsdp=16")}
+    assert under == {("t5gemma", m) for m in ("data=4,fsdp=4", "data=2,fsdp=8", "fsdp=16", "fsdp=4,model=4")}
 
 
 def test_nine_more_backbones_name_the_rows_outside_their_bands():
     """T5Gemma 2, Gemma 3n, PaliGemma, ViTDet, MiT and four CNNs (`--other-backbones`), compiled after every rule: one
-    row more than 5% under (Gemma 3n's model=8, outside its band); the other 17 rows outside their bands are over, the
+    row more than 5% under (Gemma 3n's model=8, outside its band); the other 16 rows outside their bands are over, the
     most keras-hub's ResNet with basic blocks (docs/plan.md, "Nine more backbones, held out")."""
     rows = _rows(OTHER_BACKBONES)
     assert len(rows) == 90 and len({r["config"] for r in rows}) == 9
@@ -444,7 +447,7 @@ def test_nine_more_backbones_name_the_rows_outside_their_bands():
     cnns = {"vgg", "resnet", "xception", "hgnetv2"}
     assert all(r["band_class"].endswith(" cnns") == (r["config"].split()[0] in cnns) for r in rows)
     outside = [r for r in rows if not r["in_band"]]
-    assert len(outside) == 17 and all(r["ratio"] > 1.10 for r in outside)
+    assert len(outside) == 16 and all(r["ratio"] > 1.10 for r in outside)
     assert max(outside, key=lambda r: r["ratio"])["config"].startswith("resnet basic")
 
 
@@ -513,14 +516,14 @@ def test_at_64_tokens_only_xlm_robertas_model_8_is_above_its_bands_top():
 
 def test_two_families_never_compiled_before_stay_under_the_top_of_their_band():
     """RoFormerV2 and Whisper (`--families-unseen`): Whisper's model=8 is 0.934, 0.05% above the model-axis class's
-    top, where XLA's heap fragmentation weighs, and inside the band with the cuBLAS workspace (docs/plan.md, "Two
-    families never compiled before")."""
+    top, where XLA's heap fragmentation weighs, and inside the band with the cuBLAS workspace; its fsdp=2,model=4
+    0.926 since the copies gathered again are counted split (docs/plan.md, "Two families never compiled before")."""
     rows = _rows(FAMILIES_UNSEEN)
     assert {r["config"].split()[0] for r in rows} == {"roformer_v2", "whisper"} and len(rows) == 20
     assert not _above_the_band_top(rows)
     whisper8 = next(r for r in rows if r["config"].startswith("whisper") and r["mesh"] == "model=8")
     assert whisper8["xla_gpu_deviceless"] / whisper8["estimate"] > band_class({"model": 8}, "transformer")[0].high
-    assert all(r["estimate"] >= 0.93 * r["xla_gpu_deviceless"] for r in rows)
+    assert all(r["estimate"] >= 0.92 * r["xla_gpu_deviceless"] for r in rows)
     assert not any(_more_than_5_percent_under(r) for r in rows if "model" not in r["mesh"])
 
 
@@ -672,8 +675,8 @@ def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():
     assert classes["model=8"] == classes["data=2,fsdp=2,model=2"] == "model-axis transformers"
     data, model8 = result.candidate("data=8"), result.candidate("model=8")
     assert data.band == (int(data.peak * 0.91), int(data.peak * 1.15) + GEMM_WORKSPACE)
-    assert model8.band == (int(model8.peak * 0.66), int(model8.peak * 1.07) + GEMM_WORKSPACE)
-    assert any("model-axis transformers -34%/+7%" in note for note in result.notes)
+    assert model8.band == (int(model8.peak * 0.64), int(model8.peak * 1.07) + GEMM_WORKSPACE)
+    assert any("model-axis transformers -36%/+7%" in note for note in result.notes)
     assert result.recommendation.band_class in result.reason
 
 

@@ -95,11 +95,14 @@ def test_a_column_then_row_parallel_mlp_splits_its_width_and_keeps_the_residual_
 
 def test_a_position_table_split_on_its_hidden_size_splits_the_residual_stream():
     traced = _traced(_language_model)
-    splits = _splits(traced, {**MEGATRON, "position_table/embeddings": {"model": 1}})
+    splits, _, before = _split_axes(traced, {**MEGATRON, "position_table/embeddings": {"model": 1}})
     residual = _buffers(traced.step, (TRACE_BATCH, SEQUENCE, HIDDEN))
     assert any(splits[g] == {"model": 2} for g in residual)  # what the normalization saves for the backward
-    # The up projection contracts the hidden size while its kernel splits its width: XLA gathers its input whole.
+    # The up projection contracts the hidden size while its kernel splits its width: XLA gathers its input whole,
+    # from the split it had (kept aside for the meshes where XLA gathers it again, `memory_model.regathered`).
     assert splits[_input_of(traced.step, "up")] == {}
+    assert before[_input_of(traced.step, "up")] == {"model": 2}
+    assert before[_input_of(traced.step, "head")] == {"model": 2}  # the residual stream, whose head splits words
 
 
 def test_weights_split_on_no_axis_split_nothing():
@@ -225,12 +228,14 @@ def _cotangents(step, shape):
 
 
 def test_a_convolution_gathers_an_input_split_on_the_channels_it_reads_whole():
-    """XLA:GPU all-gathers the second convolution's input and keeps the whole copy for the weight gradient."""
+    """XLA:GPU all-gathers the second convolution's input and keeps the whole copy for the weight gradient, on
+    every mesh (nothing kept aside to be gathered again, as a matrix product's operand is)."""
     traced = _traced(_convolutions)
-    splits, twice = _split_axes(traced, CHANNELS)
+    splits, twice, before = _split_axes(traced, CHANNELS)
     relu_input = _input_of(traced.step, "re_lu")
     assert splits[relu_input] == {"model": 3}  # the first convolution's output channels
-    assert splits[_input_of(traced.step, "second")] == {}  # gathered whole
+    second_input = _input_of(traced.step, "second")
+    assert splits[second_input] == {} and second_input not in before  # gathered whole
     # The second convolution's input gradient is a partial sum over its split channels: whole, and reduce-scattered
     # to the split its reader (the ReLU's backward) takes from a copy with the channels leading.
     partial = [g for g in twice if traced.step.shape[g] == (TRACE_BATCH, 8, 8, 16)]
@@ -242,7 +247,7 @@ def test_a_convolution_gathers_an_input_split_on_the_channels_it_reads_whole():
 
 def test_a_depthwise_convolution_keeps_its_input_split_on_the_channels_its_kernel_splits():
     traced = _traced(lambda: _convolutions(depthwise=True))
-    splits, _ = _split_axes(traced, CHANNELS)
+    splits, _, _ = _split_axes(traced, CHANNELS)
     assert splits[_input_of(traced.step, "depthwise")] == {"model": 3}  # each device convolves its own channels
     assert splits[_input_of(traced.step, "second")] == {}
 
@@ -312,7 +317,7 @@ def test_a_while_loops_state_takes_the_split_its_body_gives_it_and_so_does_its_i
     flat = Flat()
     ins = [flat.new(v.aval) for v in closed.jaxpr.invars]
     (out,) = flatten(closed, ins, flat)
-    env, _, _ = _run(flat, 0, len(flat.eqns), {}, {ins[0]: {"model": 1}}, frozenset(), {})
+    env = _run(flat, 0, len(flat.eqns), {}, {ins[0]: {"model": 1}}, frozenset(), {})[0]
     assert env[out] == {"model": 1}
     (loop,) = [i for i, (name, _, _) in enumerate(flat.eqns) if name == "while"]
     initial_state = flat.eqns[loop][1][-1]
