@@ -123,18 +123,19 @@ def memory_terms(facts, rows, axes, batch_size):
         live = {"activations": 0, "gradients": terms["gradients"], "loss": 0, "backward": 0, "gathered": 0}
         live["unreduced"], live["workspace"], phase = 0, 0, None
     else:
-        factor = buffer_factors(facts, rows, axes, local_batch)
-        factor, copies = regathered(facts, rows, axes, factor)
+        factor, copies = regathered(facts, rows, axes, buffer_factors(facts, rows, axes, local_batch))
+
+        def swept(last):  # live bytes per term after each event, the copies gathered again among the gathered
+            curves = traced.step.sweep(factor, merged_gemm_lasts(traced.step, last, factor, axes))
+            return curves | {"gathered": curves["gathered"] + copies}
+
         ordered = reduction_order_lasts(traced.step, factor, axes)
-        last = merged_gemm_lasts(traced.step, scheduler_lasts(traced.step, ordered, axes), factor, axes)
-        curves = traced.step.sweep(factor, last)
-        curves["gathered"] = curves["gathered"] + copies
+        curves = swept(scheduler_lasts(traced.step, ordered, axes))
         t = int(sum(curves.values()).argmax())
         live = {term: int(curves[term][t]) for term in TERMS} | {"workspace": 0}
         in_order = curves  # the trace's order: without collectives no scheduler reorders it, `last` is that already
         if collectives_overlap(traced.step, axes):
-            in_order = traced.step.sweep(factor, merged_gemm_lasts(traced.step, ordered, factor, axes))
-            in_order["gathered"] = in_order["gathered"] + copies
+            in_order = swept(ordered)
         at_gemm = workspace_peak(traced.step, in_order)
         if at_gemm is not None and sum(at_gemm[1].values()) > sum(live.values()):
             t, live = at_gemm
@@ -191,9 +192,9 @@ def regathered(facts, rows, axes, factor):
     batch_split = axes.get("data", 1) * axes.get("fsdp", 1) > 1
     if shares is None or not batch_split or axes.get("model", 1) < REGATHER_MODEL_AXIS or step.rules.platform != "gpu":
         return factor, copies
-    split = factor * shares
-    extra = np.asarray(step.size, dtype=np.float64) * (factor - split)
-    for t, reads in reduction_groups(step, np.asarray(step.size, dtype=np.float64) * split):
+    sizes, split = np.asarray(step.size, dtype=np.float64), factor * shares
+    extra = sizes * (factor - split)
+    for t, reads in reduction_groups(step, sizes * split):
         copies[t] += sum(extra[np.unique(read)].sum() for read in reads)
     weight_gradients = {t for t, _, _ in step.gradient_kernels()}
     for t, (_, read, _) in enumerate(step.events):
