@@ -86,6 +86,7 @@ class ModelFacts:
         self._trace_cache = {}  # traced programs by layer signature, shared by `retraced` copies
         self._buffer_static = None
         self._timing_static = None
+        self._model_splits = {}  # `model_splits`: per layout over the model/expert axes and axis sizes
         self.act_itemsize = self._activation_itemsize()
         self.traced = self._trace()
 
@@ -155,6 +156,7 @@ class ModelFacts:
         other.remat, other.compiler_rules = remat, compiler_rules or self.compiler_rules
         other.notes = []
         other._buffer_static = other._timing_static = None
+        other._model_splits = {}
         other.traced = other._trace()
         other.notes = self.notes
         return other

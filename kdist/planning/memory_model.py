@@ -18,10 +18,10 @@ import keras
 import numpy as np
 
 from kdist.meshes.layout import shard_bytes, split_by
-from kdist.planning import comm, propagation
+from kdist.planning import comm, model_splits
 from kdist.planning.timeline import TERMS
 from kdist.planning.trace import TRACE_BATCH
-from kdist.units import HALF_FLOATS, is_float, itemsize
+from kdist.units import is_float, itemsize
 
 # XLA:GPU's DotMerger merges GEMMs of which one moves at most this many bytes (xla_gpu_dot_merger_threshold_mb: 32).
 DOT_MERGER_BYTES = 32 * 2**20
@@ -188,7 +188,7 @@ def regathered(facts, rows, axes, factor):
     """
     step = facts.traced.step
     copies = np.zeros(len(step.events) + 1)
-    shares = _model_splits(facts, rows, axes)[1]
+    shares = model_splits.regather_shares(facts, rows, axes)
     batch_split = axes.get("data", 1) * axes.get("fsdp", 1) > 1
     if shares is None or not batch_split or axes.get("model", 1) < REGATHER_MODEL_AXIS or step.rules.platform != "gpu":
         return factor, copies
@@ -325,7 +325,7 @@ def buffer_factors(facts, rows, axes, local_batch):
       model/expert), 0 when fsdp does not split it;
     - a buffer with a batch dimension: x local batch / TRACE_BATCH;
     - a buffer the model (expert) axis splits, followed from the weights'
-      layouts through the step (`kdist.planning.propagation`): / its size;
+      layouts through the step (`kdist.planning.model_splits`): / its size;
     - a whole copy XLA's partitioner makes (an FFT's, `Step.unpartitioned`):
       the global batch on a mesh of several devices, 0 on one;
     - with `dtype=`: float buffers in that dtype.
@@ -336,7 +336,7 @@ def buffer_factors(facts, rows, axes, local_batch):
         full = r.full_bytes or 1
         shard[i] = r.shard_bytes / full
         gathered[i] = r.gathered_bytes / full if r.split_over("fsdp") else 0.0
-    out = model_split_factors(facts, rows, axes)
+    out = model_splits.model_split_factors(facts, rows, axes)
     out = np.where(static["batch"], out * local_batch / TRACE_BATCH, out)
     rep = static["rep"]  # -1 (no weight) picks the sentinel: shard 1, gathered 0
     out = np.where(static["weighty"], shard[rep], out)
@@ -347,49 +347,6 @@ def buffer_factors(facts, rows, axes, local_batch):
     out = np.where(static["unpartitioned"], whole if math.prod(axes.values()) > 1 else 0.0, out)
     if facts.dtype is not None:
         out = out * np.where(static["floating"], itemsize(facts.dtype) / static["itemsize"], 1.0)
-    return out
-
-
-def model_split_factors(facts, rows, axes):
-    """Per traced buffer: the share of it one device holds over the model and expert axes (`propagation`).
-
-    Cached per layout of the weights over those axes (and per axis sizes):
-    most candidates of a plan share one.
-    """
-    return _model_splits(facts, rows, axes)[0]
-
-
-def _model_splits(facts, rows, axes):
-    """(`model_split_factors`, per buffer the share of its whole copy a device keeps where a matrix product
-    gathers it again, `regathered`; None where nothing is split)."""
-    static, step = _static(facts), facts.traced.step
-    per_representative = [_axis_dims(r.spec) for r in rows[: len(facts.variables)]]
-    layout = tuple(tuple(sorted(s.items())) for s in per_representative)
-    key = (layout, *(axes.get(a, 1) for a in propagation.AXES))
-    cache = static["splits"]
-    if key not in cache:
-        if not any(layout):  # nothing split over a model-parallel axis
-            cache[key] = np.ones(len(step.size)), None
-        else:
-            weight_splits = [per_representative[i] for i in static["rep_of"]]
-            splits, twice, before = propagation.split_axes(step, weight_splits, dict(zip(propagation.AXES, key[1:])))
-            whole = np.array(propagation.factors(splits, step.shape, axes, twice))
-            shares = np.ones(len(step.size))
-            kept = [g for g in before if step.dtype[g] not in HALF_FLOATS and whole[g] > 0]
-            if kept:
-                split = propagation.factors([before[g] for g in kept], [step.shape[g] for g in kept], axes)
-                shares[kept] = np.array(split) / whole[kept]
-            cache[key] = whole, shares
-    return cache[key]
-
-
-def _axis_dims(spec):
-    """{axis: dimension} of the model-parallel axes in a layout `spec`."""
-    out = {}
-    for axis in propagation.AXES:
-        dims = split_by(spec, axis)
-        if any(dims):
-            out[axis] = list(dims).index(True)
     return out
 
 
@@ -413,13 +370,11 @@ def _static(facts):
         "gathered": (terms == "gathered") | (terms == "unreduced"),
         "floating": floating,
         "itemsize": np.where(sizes > 0, sizes, 1.0),
-        "rep_of": rep_of,
         # 1 / 0: a buffer only where a collective runs before event "overlapped_before" / only where none does;
         # -1: both (`Step.overlapped`, `_reduced_before`)
         "overlapped": np.array([int(step.overlapped[g][0]) if g in step.overlapped else -1 for g in range(n)]),
         "overlapped_before": np.array([step.overlapped[g][1] if g in step.overlapped else -1 for g in range(n)]),
         "unpartitioned": np.isin(np.arange(n), list(step.unpartitioned)),
-        "splits": {},  # weights' model/expert splits (and axis sizes) -> `propagation.split_axes` (`factors`)
     }
     return facts._buffer_static
 

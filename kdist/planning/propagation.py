@@ -26,7 +26,7 @@ carries each split dimension through the operations that read it.
   read by a projection whose kernel splits its output): counted whole, as
   XLA keeps the gathered copy for the backward on some meshes (docs/plan.md);
   its split is kept aside, for the meshes where XLA gathers it again instead
-  (`memory_model.regathered`).
+  (`memory_model.regathered`, its share from `model_splits.regather_shares`).
   A convolution gathers an input split on the channels it reads whole (its
   kernel splits its output channels: XLA:GPU keeps that copy for the weight
   gradient on every mesh); a grouped (depthwise) one convolves each

@@ -20,7 +20,7 @@ An estimate, never a measurement (docs/plan.md, "Step time"):
 
 import numpy as np
 
-from kdist.planning.memory_model import model_split_factors
+from kdist.planning.model_splits import model_split_factors
 from kdist.planning.trace import TRACE_BATCH
 from kdist.units import is_float, itemsize
 

@@ -1,0 +1,57 @@
+"""The share of each traced buffer one device holds over the model and expert axes, per candidate mesh.
+
+The weights' layouts over those axes are followed through the traced step
+(`kdist.planning.propagation`); most candidates of a plan share one layout,
+so the result is cached per layout and axis sizes on the plan's facts.
+"""
+
+import numpy as np
+
+from kdist.meshes.layout import split_by
+from kdist.planning import propagation
+from kdist.units import HALF_FLOATS
+
+
+def model_split_factors(facts, rows, axes):
+    """Per traced buffer: the share of it one device holds over the model and expert axes of `axes`."""
+    return _splits(facts, rows, axes)[0]
+
+
+def regather_shares(facts, rows, axes):
+    """Per traced buffer: the share of its whole copy a device keeps where a matrix product gathers it again
+    (`memory_model.regathered`), 1 elsewhere and for 16-bit values (mixed precision's casts keep their gathered
+    copies); None where nothing is split over the model and expert axes."""
+    return _splits(facts, rows, axes)[1]
+
+
+def _splits(facts, rows, axes):
+    step = facts.traced.step
+    per_representative = [_axis_dims(r.spec) for r in rows[: len(facts.variables)]]
+    layout = tuple(tuple(sorted(s.items())) for s in per_representative)
+    key = (layout, *(axes.get(a, 1) for a in propagation.AXES))
+    cache = facts._model_splits
+    if key not in cache:
+        if not any(layout):  # nothing split over a model-parallel axis
+            cache[key] = np.ones(len(step.size)), None
+        else:
+            rep_of = facts.representative_index([v.path for v in facts.traced.variables])
+            weight_splits = [per_representative[i] for i in rep_of]
+            splits, twice, before = propagation.split_axes(step, weight_splits, dict(zip(propagation.AXES, key[1:])))
+            whole = np.array(propagation.factors(splits, step.shape, axes, twice))
+            shares = np.ones(len(step.size))
+            kept = [g for g in before if step.dtype[g] not in HALF_FLOATS and whole[g] > 0]
+            if kept:
+                split = propagation.factors([before[g] for g in kept], [step.shape[g] for g in kept], axes)
+                shares[kept] = np.array(split) / whole[kept]
+            cache[key] = whole, shares
+    return cache[key]
+
+
+def _axis_dims(spec):
+    """{axis: dimension} of the model-parallel axes in a layout `spec`."""
+    out = {}
+    for axis in propagation.AXES:
+        dims = split_by(spec, axis)
+        if any(dims):
+            out[axis] = list(dims).index(True)
+    return out
