@@ -123,7 +123,8 @@ def _build_step(clone, x, optimizer):
     for inputs `x`; return the labels' structure."""
     with deferred():  # each output's own length (Whisper's encoder halves its frames), not the sequence given
         outputs = clone.compute_output_spec(keras.tree.map_structure(lambda s: KerasTensor(s.shape, s.dtype), x))
-    y = keras.tree.map_structure(lambda t: jax.ShapeDtypeStruct(tuple(t.shape[:-1]), "int32"), outputs)
+    batch = keras.tree.flatten(x)[0].shape[0]  # an output whose spec lost it (VideoPrism's reshapes) still has it
+    y = keras.tree.map_structure(lambda t: jax.ShapeDtypeStruct((batch, *t.shape[1:-1]), "int32"), outputs)
     loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
     if clone.dtype_policy.name == "mixed_float16":  # what compile() would wrap it in, inside the deferred scope
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

@@ -234,6 +234,27 @@ def test_verify_labels_each_output_at_its_own_length():
     assert checked.compiled and checked.compiled["peak"] > 0
 
 
+class _FramesToBatch(keras.layers.Layer):
+    """Folds frames into the batch and back, as VideoPrism's reshapes do: its output spec loses the batch size."""
+
+    def call(self, x):
+        return keras.ops.reshape(keras.ops.reshape(x, (-1, x.shape[-1])), (-1, *x.shape[1:]))
+
+    def compute_output_shape(self, shape):
+        return (None, *shape[1:])
+
+
+def _frames_model():
+    frames = keras.Input((4, 8))
+    return keras.Model(frames, keras.layers.Dense(16)(_FramesToBatch()(keras.layers.Dense(8)(frames))))
+
+
+def test_verify_labels_an_output_whose_spec_lost_its_batch_size():
+    """The labels take the batch from the inputs (before, a label of batch None failed Keras's loss check)."""
+    checked = kdist.plan(_frames_model, 8, batch_size=64, verify=["data=8"]).candidate("data=8")
+    assert checked.compiled and checked.compiled["peak"] > 0
+
+
 def test_verify_compiles_a_step_whose_weight_a_python_float_initializes():
     """Keras's abstract build of the compiled step reads such a weight from its initializer; `deferred()` makes
     that an array (it failed as a float before)."""
