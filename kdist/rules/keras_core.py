@@ -15,6 +15,11 @@ KERAS_CORE = RuleSet(
             [("model", None, None), (None, "model", None), ("model", "...")],
             "attention output: row-parallel over heads (head_dim if heads do not divide)",
         ),
+        Rule(
+            r"(.*/)?output/kernel",
+            [("model", None, None), (None, "model", None), ("...", "model")],
+            "output projection of heads (heads, head_dim, hidden): row-parallel over heads; 2-D: output features",
+        ),
         Rule(r"(.*/)?embeddings", [("model", None), (None, "model")], "embedding table: vocabulary, else features"),
         Rule(
             r"(.*/)?reverse_embeddings",
