@@ -105,6 +105,31 @@ def test_a_position_table_split_on_its_hidden_size_splits_the_residual_stream():
     assert before[_input_of(traced.step, "head")] == {"model": 2}  # the residual stream, whose head splits words
 
 
+class _TransposedProjection(keras.layers.Layer):
+    """A projection that returns its output transposed, (batch, width, sequence): a view of the product's buffer."""
+
+    def build(self, shape):
+        self.kernel = self.add_weight((HIDDEN, WIDTH), name="kernel")
+
+    def call(self, x):
+        return keras.ops.transpose(keras.ops.matmul(x, self.kernel), (0, 2, 1))
+
+
+def _transposed_output():
+    tokens = keras.Input((SEQUENCE,), dtype="int32")
+    h = keras.layers.Embedding(VOCABULARY, HIDDEN, name="token_table")(tokens)
+    return keras.Model(tokens, _TransposedProjection(name="up")(h))
+
+
+def test_a_transposed_view_keeps_the_split_of_the_buffer_it_views():
+    """The view's dimensions are the buffer's in another order: it does not undo the buffer's own split (before,
+    the view's split was fitted to the buffer's shape as a reshape's is, and came out whole: DeepLabV3's logits)."""
+    traced = _traced(_transposed_output)
+    splits = _splits(traced, {"up/kernel": {"model": 1}})
+    wide = _buffers(traced.step, (TRACE_BATCH, SEQUENCE, WIDTH))
+    assert wide and all(splits[g] == {"model": 2} for g in wide)
+
+
 def test_weights_split_on_no_axis_split_nothing():
     traced = _traced(_language_model)
     assert not any(_splits(traced, {}))
