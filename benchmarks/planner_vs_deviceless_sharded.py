@@ -73,9 +73,10 @@ Gemma 4, T5Gemma), into planner_vs_deviceless_newest_families.json (with --dtype
 PaliGemma, ViTDet, MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into
 planner_vs_deviceless_other_backbones.json; with --untried-backbones four more compiled after every rule
 (`UNTRIED_BACKBONES`: Qwen-MoE, CLIP's and SigLIP's vision encoders, CSPNet), into
-planner_vs_deviceless_untried_backbones.json; with --tasks six keras-hub tasks, head and loss whole (`TASKS`:
-the causal LMs of Llama 3, Qwen3, Gemma 3 and GPT-2 with a vocabulary of 16384, BART's seq2seq LM, a BERT text
-classifier), into planner_vs_deviceless_tasks.json;
+planner_vs_deviceless_untried_backbones.json; with --more-backbones five more (`MORE_BACKBONES`: Qwen, Moonshine,
+VideoPrism, SegFormer, DeepLabV3), into planner_vs_deviceless_more_backbones.json; with --tasks six keras-hub
+tasks, head and loss whole (`TASKS`: the causal LMs of Llama 3, Qwen3, Gemma 3 and GPT-2 with a vocabulary of
+16384, BART's seq2seq LM, a BERT text classifier), into planner_vs_deviceless_tasks.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -189,17 +190,20 @@ CONFIGS = [
 
 def hub_builder(cls, config):
     """A function building keras-hub's backbone `cls` (or a dotted path: "keras.applications.MobileNetV2") with
-    `config` (keras-hub imported when it runs, after kdist); a task's `config["backbone"]`, a (class, config) pair,
-    is built first."""
+    `config` (keras-hub imported when it runs, after kdist); a (class, config) pair in `config` (a task's
+    "backbone", a segmenter's "image_encoder") is built first."""
     module, _, name = cls.rpartition(".")
 
     def build():
-        kwargs = dict(config)
-        if isinstance(kwargs.get("backbone"), tuple):
-            kwargs["backbone"] = hub_builder(*kwargs["backbone"])()
+        kwargs = {k: hub_builder(*v)() if _built(v) else v for k, v in config.items()}
         return getattr(importlib.import_module(module or "keras_hub.models"), name)(**kwargs)
 
     return build
+
+
+def _built(value):
+    """Whether a config value is a (class, config) pair to build (not a shape)."""
+    return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], dict)
 
 
 # Mixture-of-experts backbones: kdist's tiny zoo configs (hidden 64, 2 layers, 4 experts, top 2) at a batch that makes
@@ -446,6 +450,17 @@ NEWEST_FAMILIES = [
     ),
 ]
 
+# keras-hub's ResNet with basic blocks at 128 x 128 (OTHER_BACKBONES; DeepLabV3's encoder in MORE_BACKBONES).
+RESNET_BASIC_128 = dict(
+    input_conv_filters=[64],
+    input_conv_kernel_sizes=[7],
+    stackwise_num_filters=[64, 128],
+    stackwise_num_blocks=[1, 1],
+    stackwise_num_strides=[1, 2],
+    block_type="basic_block",
+    image_shape=(128, 128, 3),
+)
+
 # Other backbones: nine keras-hub backbones no earlier run compiled, added 2026-11-28 after every rule of the estimate
 # (three language models: T5Gemma 2, Gemma 3n text-only, PaliGemma with its image encoder; two vision transformers,
 # ViTDet with windowed attention and MiT's efficient attention; four CNNs, VGG, ResNet with basic blocks, Xception and
@@ -549,15 +564,7 @@ OTHER_BACKBONES = [
     (
         "resnet basic 64,128 128 b64",
         "ResNetBackbone",
-        dict(
-            input_conv_filters=[64],
-            input_conv_kernel_sizes=[7],
-            stackwise_num_filters=[64, 128],
-            stackwise_num_blocks=[1, 1],
-            stackwise_num_strides=[1, 2],
-            block_type="basic_block",
-            image_shape=(128, 128, 3),
-        ),
+        RESNET_BASIC_128,
         64,
         None,
     ),
@@ -653,6 +660,97 @@ UNTRIED_BACKBONES = [
     ),
 ]
 
+# More backbones: five keras-hub backbones no earlier run compiled, added 2026-11-29 (Qwen, Moonshine's audio
+# encoder-decoder, VideoPrism's factorized video encoder, SegFormer on a MiT encoder, DeepLabV3 on a ResNet).
+# `--more-backbones` plans and compiles these into planner_vs_deviceless_more_backbones.json.
+MORE_BACKBONES = [
+    (
+        "qwen h256 2 layers b32 s256",
+        "QwenBackbone",
+        dict(
+            vocabulary_size=4096,
+            num_layers=2,
+            num_query_heads=8,
+            num_key_value_heads=8,
+            hidden_dim=256,
+            intermediate_dim=1024,
+        ),
+        32,
+        256,
+    ),
+    (
+        "moonshine h256 2+2 layers b32 s2048",
+        "MoonshineBackbone",
+        dict(
+            vocabulary_size=4096,
+            filter_dim=256,
+            encoder_num_layers=2,
+            decoder_num_layers=2,
+            hidden_dim=256,
+            intermediate_dim=1024,
+            encoder_num_heads=8,
+            decoder_num_heads=8,
+        ),
+        32,
+        2048,
+    ),
+    (
+        "videoprism h256 2+1 layers 4 frames p16 128 b32",
+        "VideoPrismBackbone",
+        dict(
+            num_frames=4,
+            patch_size=16,
+            hidden_dim=256,
+            intermediate_dim=1024,
+            num_heads=8,
+            num_spatial_layers=2,
+            num_temporal_layers=1,
+            num_auxiliary_layers=0,
+            image_shape=(128, 128, 3),
+        ),
+        32,
+        None,
+    ),
+    (
+        "segformer mit 64,128 128 b64",
+        "SegFormerBackbone",
+        dict(
+            image_encoder=(
+                "MiTBackbone",
+                dict(
+                    layerwise_depths=[1, 1],
+                    num_layers=2,
+                    layerwise_num_heads=[1, 2],
+                    layerwise_sr_ratios=[4, 2],
+                    max_drop_path_rate=0.0,
+                    layerwise_patch_sizes=[7, 3],
+                    layerwise_strides=[4, 2],
+                    hidden_dims=[64, 128],
+                    image_shape=(128, 128, 3),
+                ),
+            ),
+            projection_filters=128,
+        ),
+        64,
+        None,
+    ),
+    (
+        "deeplabv3 resnet basic 64,128 128 b64",
+        "DeepLabV3Backbone",
+        dict(
+            image_encoder=("ResNetBackbone", RESNET_BASIC_128),
+            spatial_pyramid_pooling_key="P3",
+            upsampling_size=2,
+            dilation_rates=[6, 12],
+            low_level_feature_key="P2",
+            projection_filters=48,
+            image_shape=(128, 128, 3),
+        ),
+        64,
+        None,
+    ),
+]
+
 # A sublayer whose backward runs far more kernels than any above: Qwen3.5's gated delta net (a 63-step correction loop
 # per chunk, about 500 kernels in its backward against at most 33 in the configs the bands are drawn from).
 # `--long-spans` plans and compiles it into planner_vs_deviceless_long_spans.json (`calibration.LONG_SPAN_LOW`).
@@ -729,7 +827,7 @@ def config_named(model):
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
     every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + CNNS_MAX_POOLS + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO
     every += NEWEST_FAMILIES
-    every += OTHER_BACKBONES + UNTRIED_BACKBONES + TASKS
+    every += OTHER_BACKBONES + UNTRIED_BACKBONES + MORE_BACKBONES + TASKS
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -778,6 +876,9 @@ def main():
     parser.add_argument(
         "--untried-backbones", action="store_true", help="four keras-hub backbones added 2026-11-29 (UNTRIED_BACKBONES)"
     )
+    parser.add_argument(
+        "--more-backbones", action="store_true", help="five keras-hub backbones added 2026-11-29 (MORE_BACKBONES)"
+    )
     parser.add_argument("--tasks", action="store_true", help="keras-hub tasks, head and loss whole (TASKS)")
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
@@ -809,6 +910,8 @@ def main():
         configs, name = OTHER_BACKBONES, "other_backbones"
     elif args.untried_backbones:
         configs, name = UNTRIED_BACKBONES, "untried_backbones"
+    elif args.more_backbones:
+        configs, name = MORE_BACKBONES, "more_backbones"
     elif args.tasks:
         configs, name = TASKS, "tasks"
     elif args.cnns:
