@@ -133,16 +133,14 @@ def split_axes(step, weight_splits, sizes=None):
             primal = mapping.get(p.a[p.ga.index(x)]) if x in p.ga else None
             if primal is not None and splits[primal]:  # XLA gives an input's gradient the input's split
                 scattered[mapping[x]] = set(splits[primal])
-        own = set()  # buffers a value of their own shape split here: a view's split (a transpose's) does not undo it
+        own = set()  # buffers a value of their own shape split here: a view of another shape (a transpose's) keeps it
         for x, s in env.items():
             g = mapping.get(x)
             if g is None or _fixed(step, g) or g in summed or g in own:
                 continue
-            if tuple(p.flat.shape[x]) == tuple(step.shape[g]):
-                splits[g] = dict(s)
-                own.update([g] if s else [])
-            else:
-                splits[g] = _fit(s, p.flat.shape[x], step.shape[g], sizes)
+            splits[g] = _fit(s, p.flat.shape[x], step.shape[g], sizes)
+            if s and tuple(p.flat.shape[x]) == tuple(step.shape[g]):
+                own.add(g)
         for x, axes in gathered_here.items():
             if mapping.get(x) is not None:
                 gathered.setdefault(mapping[x], set()).update(axes)
