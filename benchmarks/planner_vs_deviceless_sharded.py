@@ -450,7 +450,19 @@ NEWEST_FAMILIES = [
     ),
 ]
 
-# keras-hub's ResNet with basic blocks at 128 x 128 (OTHER_BACKBONES; DeepLabV3's encoder in MORE_BACKBONES).
+# keras-hub's MiT (SegFormer's encoder) and ResNet with basic blocks at 128 x 128 (OTHER_BACKBONES; the encoders of
+# SegFormer and DeepLabV3 in MORE_BACKBONES).
+MIT_128 = dict(
+    layerwise_depths=[1, 1],
+    num_layers=2,
+    layerwise_num_heads=[1, 2],
+    layerwise_sr_ratios=[4, 2],
+    max_drop_path_rate=0.0,
+    layerwise_patch_sizes=[7, 3],
+    layerwise_strides=[4, 2],
+    image_shape=(128, 128, 3),
+    hidden_dims=[64, 128],
+)
 RESNET_BASIC_128 = dict(
     input_conv_filters=[64],
     input_conv_kernel_sizes=[7],
@@ -540,17 +552,7 @@ OTHER_BACKBONES = [
     (
         "mit e64,128 1+1 blocks 128 b64",
         "MiTBackbone",
-        dict(
-            layerwise_depths=[1, 1],
-            num_layers=2,
-            layerwise_num_heads=[1, 2],
-            layerwise_sr_ratios=[4, 2],
-            max_drop_path_rate=0.0,
-            layerwise_patch_sizes=[7, 3],
-            layerwise_strides=[4, 2],
-            image_shape=(128, 128, 3),
-            hidden_dims=[64, 128],
-        ),
+        MIT_128,
         64,
         None,
     ),
@@ -715,20 +717,7 @@ MORE_BACKBONES = [
         "segformer mit 64,128 128 b64",
         "SegFormerBackbone",
         dict(
-            image_encoder=(
-                "MiTBackbone",
-                dict(
-                    layerwise_depths=[1, 1],
-                    num_layers=2,
-                    layerwise_num_heads=[1, 2],
-                    layerwise_sr_ratios=[4, 2],
-                    max_drop_path_rate=0.0,
-                    layerwise_patch_sizes=[7, 3],
-                    layerwise_strides=[4, 2],
-                    hidden_dims=[64, 128],
-                    image_shape=(128, 128, 3),
-                ),
-            ),
+            image_encoder=("MiTBackbone", MIT_128),
             projection_filters=128,
         ),
         64,
