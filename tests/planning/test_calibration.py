@@ -474,10 +474,10 @@ def test_four_untried_backbones_are_in_their_bands_and_under_only_where_the_limi
 
 def test_five_more_backbones_keep_their_language_models_within_11_percent_and_are_under_only_where_the_docs_say():
     """Qwen, Moonshine, VideoPrism, SegFormer and DeepLabV3 (`--more-backbones`) on every mesh of 8: the two language
-    models within 10% everywhere but Moonshine's model=8 (1.101); more than 5% under only on VideoPrism's and SegFormer's model=8 (outside their bands)
-    and DeepLabV3's batch-split meshes, whose backward copies the upsampled logits' cotangent transposed; DeepLabV3's
-    model axes, 3.3-4.1x XLA's figure while the logits' channel split was lost at a transposed view, within 14%
-    (docs/plan.md, "Five more backbones")."""
+    models within 10% everywhere but Moonshine's model=8 (1.101); more than 5% under only on VideoPrism's and
+    SegFormer's model=8 (outside their bands) and DeepLabV3's batch-split meshes, whose backward copies the upsampled
+    logits' cotangent transposed; DeepLabV3's model axes, 3.3-4.1x XLA's figure while the logits' channel split was
+    lost at a transposed view, within 14% (docs/plan.md, "Five more backbones")."""
     rows = _rows(MORE_BACKBONES)
     family = {r["config"].split()[0] for r in rows}
     assert len(rows) == 50 and family == {"qwen", "moonshine", "videoprism", "segformer", "deeplabv3"}
