@@ -12,7 +12,7 @@ from kdist.keras_internals import array_of, deferred, input_struct, layers, outp
 from kdist.keras_internals.optimizers import plan_optimizer, state_owners
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.step import compute_dtype, trace_step
-from kdist.planning.trace import TRACE_BATCH
+from kdist.planning.trace import TRACE_BATCH, label_shape
 from kdist.rules.registry import placer_for
 from kdist.rules.rule import Rule
 from kdist.units import is_float, itemsize
@@ -310,9 +310,9 @@ def _position_table_hint(model, sequence_length):
 
 
 def _label_shapes(model, sequence_length):
-    """Per-example shapes of the integer labels of the surrogate loss: each float output without its last dimension."""
+    """Per-example shapes of the integer labels of the surrogate loss on each float output (`trace.label_shape`)."""
     return [
-        tuple(sequence_length if d is None else d for d in o.shape[1:-1])
+        tuple(sequence_length if d is None else d for d in label_shape(o.shape)[1:])
         for o in _outputs(model)
         if is_float(o.dtype) and len(o.shape) >= 2
     ]

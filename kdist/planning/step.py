@@ -29,7 +29,7 @@ from kdist.keras_internals import (
 from kdist.planning.attention import default_attention, forced_attention
 from kdist.planning.buffers import Rules, analyse
 from kdist.planning.timeline import Step
-from kdist.planning.trace import TRACE_BATCH, trace_layer, trace_loss
+from kdist.planning.trace import TRACE_BATCH, label_shape, trace_layer, trace_loss
 from kdist.units import is_float, itemsize
 
 
@@ -231,7 +231,7 @@ class _Walk:
             if not is_float(kt.dtype) or len(kt.shape) < 2:
                 continue
             y = self.known[id(kt)]
-            labels = jax.ShapeDtypeStruct(y.shape[:-1], "int32")
+            labels = jax.ShapeDtypeStruct(label_shape(y.shape), "int32")
             lp = self.program(("loss", repr(y)), lambda: trace_loss(y, labels))
             inputs = {
                 lp.a[0]: self.tensor[id(kt)],

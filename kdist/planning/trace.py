@@ -301,6 +301,14 @@ def _unwrapped(component):
     return component
 
 
+def label_shape(output_shape):
+    """The shape of the int labels of the surrogate loss (`trace_loss`) on an output of `output_shape`: the output's
+    without its class dimension, or with it where it is 1 (a one-channel map: Keras's loss squeezes a label of the
+    output's rank, where it would squeeze the output to the labels' rank and refuse the pair)."""
+    shape = tuple(output_shape)
+    return shape if shape[-1] == 1 else shape[:-1]
+
+
 def trace_loss(y, labels):
     """The program of Keras's `SparseCategoricalCrossentropy(from_logits=True)` on output `y` and int `labels`."""
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

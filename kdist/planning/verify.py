@@ -16,6 +16,7 @@ from kdist.jax_internals import (
     xla_memory,
 )
 from kdist.keras_internals import KerasTensor, deferred, symbolic_build
+from kdist.planning.trace import label_shape
 from kdist.presets import build_preset
 
 
@@ -124,7 +125,7 @@ def _build_step(clone, x, optimizer):
     with deferred():  # each output's own length (Whisper's encoder halves its frames), not the sequence given
         outputs = clone.compute_output_spec(keras.tree.map_structure(lambda s: KerasTensor(s.shape, s.dtype), x))
     batch = keras.tree.flatten(x)[0].shape[0]  # an output whose spec lost it (VideoPrism's reshapes) still has it
-    y = keras.tree.map_structure(lambda t: jax.ShapeDtypeStruct((batch, *t.shape[1:-1]), "int32"), outputs)
+    y = keras.tree.map_structure(lambda t: jax.ShapeDtypeStruct((batch, *label_shape(t.shape)[1:]), "int32"), outputs)
     loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
     if clone.dtype_policy.name == "mixed_float16":  # what compile() would wrap it in, inside the deferred scope
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

@@ -255,6 +255,20 @@ def test_verify_labels_an_output_whose_spec_lost_its_batch_size():
     assert checked.compiled and checked.compiled["peak"] > 0
 
 
+def _one_channel_map():
+    """A depth or saliency map: one channel per pixel (keras-hub's DepthAnything, BASNet)."""
+    images = keras.Input((8, 8, 3))
+    return keras.Model(images, keras.layers.Conv2D(1, 3, padding="same")(keras.layers.Conv2D(4, 3)(images)))
+
+
+def test_an_output_of_one_channel_is_planned_and_verified():
+    """The surrogate loss's labels keep a class dimension of 1: Keras's loss squeezes them to the output's rank less
+    one, where it squeezed the output to theirs and refused the pair (the planner could not trace such a step)."""
+    result = kdist.plan(_one_channel_map, 8, batch_size=64, verify=["data=8"])
+    checked = result.candidate("data=8")
+    assert checked.activations > 0 and checked.compiled and checked.compiled["peak"] > 0
+
+
 def test_verify_compiles_a_step_whose_weight_a_python_float_initializes():
     """Keras's abstract build of the compiled step reads such a weight from its initializer; `deferred()` makes
     that an array (it failed as a float before)."""
