@@ -54,6 +54,7 @@ class TracedStep:
     notes: list
     convolutions: bool = False
     capped_scores: bool = False  # a tanh over attention scores: a logit soft cap (Gemma 2), `candidates.band`
+    labels: tuple = ()  # per output the loss reads (float, rank >= 2, in order): its labels' shape per example
 
     @property
     def family(self):
@@ -117,7 +118,7 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
             for node in by_depth[depth]:
                 if not node.is_input and node.operation is not None:
                     walk.forward(node)
-        walk.loss(keras.tree.flatten(output_struct(model)))
+        labels = walk.loss(keras.tree.flatten(output_struct(model)))
         walk.backward(model.trainable_variables)
         step.emit(remat=remat, gather_itemsize=_gathered_itemsizes(model, variables))
     taken = "+".join(sorted(taken))
@@ -142,7 +143,7 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
     convolutions = any(name.startswith("conv_general") for name, _, _ in eqns)
     capped = any(name == "tanh" and len(shapes[0]) >= 4 and "attention" in scope for name, shapes, scope in eqns)
     return TracedStep(
-        step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes, convolutions, capped
+        step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes, convolutions, capped, labels
     )
 
 
@@ -225,13 +226,16 @@ class _Walk:
         self.calls.append((node, inst, trainable, diff_pos, leaves))
 
     def loss(self, outputs):
-        """Keras's SparseCategoricalCrossentropy(from_logits=True) on each float output of rank >= 2."""
+        """Keras's SparseCategoricalCrossentropy(from_logits=True) on each float output of rank >= 2; returns the
+        labels' shape per example of each (its traced output's, where the model's spec does not know a length)."""
         self.step.agenda.append(("loss_start",))
+        per_example = []
         for kt in outputs:
             if not is_float(kt.dtype) or len(kt.shape) < 2:
                 continue
             y = self.known[id(kt)]
             labels = jax.ShapeDtypeStruct(label_shape(y.shape), "int32")
+            per_example.append(labels.shape[1:])
             lp = self.program(("loss", repr(y)), lambda: trace_loss(y, labels))
             inputs = {
                 lp.a[0]: self.tensor[id(kt)],
@@ -241,6 +245,7 @@ class _Walk:
             inst = self.step.instance(lp, inputs, "loss")
             self.step.agenda.append(("run", inst, 0, len(lp.flat.eqns)))
             self.step.add_cotangent(self.cotangents, self.tensor[id(kt)], inst[1][lp.ga[0]])
+        return tuple(per_example)
 
     def backward(self, trainable_variables):
         """Every call's backward in reverse, summing cotangents and gradients; then the optimizer update."""

@@ -18,6 +18,7 @@ from kdist.jax_internals import (
 from kdist.keras_internals import KerasTensor, deferred, symbolic_build
 from kdist.planning.trace import label_shape
 from kdist.presets import build_preset
+from kdist.units import is_float
 
 
 def verify(result, facts, specs=None, progress=None, devices=None, compiler_options=None):
@@ -75,7 +76,7 @@ def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
     x = keras.tree.map_structure(lambda s: jax.ShapeDtypeStruct((batch_size, *s.shape[1:]), s.dtype), facts.inputs)
     optimizer = planned_optimizer(facts.optimizer)  # its scalars hold values: made outside the deferred scope
     try:
-        y = _build_step(clone, x, optimizer)
+        y = _build_step(clone, x, optimizer, facts.traced.labels if facts.traced is not None else ())
     except Exception as e:  # Keras refusing the model's compiled step (a layer's own code, a loss per output)
         raise PlanError(
             f"verify could not build the training step of {clone.name!r} for {candidate.spec}: {cause(e, lines=3)}. "
@@ -119,13 +120,22 @@ def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
     }
 
 
-def _build_step(clone, x, optimizer):
+def _build_step(clone, x, optimizer, traced):
     """Compile `clone` with Keras's sparse cross-entropy on every output and build it and its optimizer abstractly
-    for inputs `x`; return the labels' structure."""
+    for inputs `x`; return the labels' structure. `traced`: the traced step's labels per example of each output
+    its loss reads, for the lengths an output's spec does not know (PARSeq's decoder)."""
     with deferred():  # each output's own length (Whisper's encoder halves its frames), not the sequence given
         outputs = clone.compute_output_spec(keras.tree.map_structure(lambda s: KerasTensor(s.shape, s.dtype), x))
     batch = keras.tree.flatten(x)[0].shape[0]  # an output whose spec lost it (VideoPrism's reshapes) still has it
-    y = keras.tree.map_structure(lambda t: jax.ShapeDtypeStruct((batch, *label_shape(t.shape)[1:]), "int32"), outputs)
+    traced = iter(traced)
+
+    def labels(t):
+        shape = label_shape(t.shape)[1:]
+        if is_float(t.dtype) and len(t.shape) >= 2:
+            shape = tuple(d if d is not None else known for d, known in zip(shape, next(traced, shape)))
+        return jax.ShapeDtypeStruct((batch, *shape), "int32")
+
+    y = keras.tree.map_structure(labels, outputs)
     loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
     if clone.dtype_policy.name == "mixed_float16":  # what compile() would wrap it in, inside the deferred scope
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

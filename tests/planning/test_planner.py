@@ -255,6 +255,27 @@ def test_verify_labels_an_output_whose_spec_lost_its_batch_size():
     assert checked.compiled and checked.compiled["peak"] > 0
 
 
+class _LengthUnknown(keras.layers.Layer):
+    """Passes its input through, its output spec without the sequence length (PARSeq's decoder)."""
+
+    def call(self, x):
+        return x
+
+    def compute_output_shape(self, shape):
+        return (shape[0], None, shape[-1])
+
+
+def _length_unknown():
+    tokens = keras.Input((None,), dtype="int32")
+    return keras.Model(tokens, keras.layers.Dense(32)(_LengthUnknown()(keras.layers.Embedding(32, 8)(tokens))))
+
+
+def test_verify_labels_an_output_whose_spec_lost_its_length_at_the_traced_length():
+    result = kdist.plan(_length_unknown, 8, batch_size=64, sequence_length=16, verify=["data=8"])
+    checked = result.candidate("data=8")
+    assert checked.compiled and checked.compiled["peak"] > 0
+
+
 def _one_channel_map():
     """A depth or saliency map: one channel per pixel (keras-hub's DepthAnything, BASNet)."""
     images = keras.Input((8, 8, 3))
