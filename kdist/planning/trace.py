@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import keras
 from jax.extend.core import Literal
 
-from kdist.keras_internals import operation_fn, sublayers
+from kdist.keras_internals import nodes_by_depth, operation_fn, sublayers
 from kdist.planning.propagation import LOOPS, PARAMS
 
 TRACE_BATCH = 7919  # a prime batch size: batch dimensions are recognisable in traced shapes, sizes scale linearly
@@ -278,7 +278,9 @@ def sublayer_paths(layer, scopes):
 
     "transpose(jvp(block))/self_attention/softmax" -> "self_attention" (a
     layer with query, key, ... sublayers; softmax has none); an operation of
-    the block's own call, or of a leaf layer directly under it, -> "".
+    the block's own call, or of a leaf layer directly under it, -> "". A leaf
+    layer of a functional model (a backbone nested in a task or a segmenter)
+    is a node of its graph, as the model's own layers are: its own path.
     """
     memo = {}
     for scope in scopes:
@@ -286,6 +288,8 @@ def sublayer_paths(layer, scopes):
             path, current = [], layer
             for name in [_unwrapped(c) for c in scope.split("/")][1:]:  # the first is `layer` itself
                 child = next((s for s in sublayers(current) if s.name == name), None)
+                if child is not None and not sublayers(child) and nodes_by_depth(current) is not None:
+                    path.append(name)
                 if child is None or not sublayers(child):
                     break
                 path.append(name)

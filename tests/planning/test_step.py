@@ -111,6 +111,17 @@ def test_each_operation_belongs_to_the_innermost_layer_with_sublayers_that_ran_i
     assert sublayer_paths(block, scopes) == ["attention", "attention", "attention", "", "", ""]
 
 
+def test_a_leaf_layer_of_a_nested_functional_model_is_a_sublayer_of_its_own():
+    """A backbone nested in a task or a segmenter (RetinaNet's ResNet) is one node of the outer graph: its layers are
+    nodes of its own graph, each its own sublayer, as the outer model's layers are (before, the whole backbone's
+    backward was one run, every value kept to its end: RetinaNet's data=8 1.47x XLA's figure, now 1.13x)."""
+    images = keras.Input((8, 8, 3))
+    h = keras.layers.Conv2D(4, 3, name="conv")(images)
+    backbone = keras.Model(images, keras.layers.BatchNormalization(name="norm")(h), name="backbone")
+    scopes = ["jvp(backbone)/conv/conv_general_dilated", "transpose(jvp(backbone))/norm/mul", "jvp(backbone)"]
+    assert sublayer_paths(backbone, scopes) == ["conv", "norm", ""]
+
+
 def _conv_batch_norm():
     images = keras.Input((16, 16, 3))
     h = keras.layers.Conv2D(24, 3, use_bias=False)(images)
