@@ -73,8 +73,9 @@ Gemma 4, T5Gemma), into planner_vs_deviceless_newest_families.json (with --dtype
 PaliGemma, ViTDet, MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into
 planner_vs_deviceless_other_backbones.json; with --untried-backbones four more compiled after every rule
 (`UNTRIED_BACKBONES`: Qwen-MoE, CLIP's and SigLIP's vision encoders, CSPNet), into
-planner_vs_deviceless_untried_backbones.json; with --more-backbones five more (`MORE_BACKBONES`: Qwen, Moonshine,
-VideoPrism, SegFormer, DeepLabV3), into planner_vs_deviceless_more_backbones.json; with --tasks six keras-hub
+planner_vs_deviceless_untried_backbones.json; with --more-backbones ten more (`MORE_BACKBONES`: Qwen, Moonshine,
+VideoPrism, SegFormer, DeepLabV3, MobileNetV3, DepthAnything, RetinaNet, BASNet, PARSeq), into
+planner_vs_deviceless_more_backbones.json; with --tasks six keras-hub
 tasks, head and loss whole (`TASKS`: the causal LMs of Llama 3, Qwen3, Gemma 3 and GPT-2 with a vocabulary of
 16384, BART's seq2seq LM, a BERT text classifier), into planner_vs_deviceless_tasks.json;
 with --long-spans Qwen3.5,
@@ -472,6 +473,12 @@ RESNET_BASIC_128 = dict(
     block_type="basic_block",
     image_shape=(128, 128, 3),
 )
+RESNET_BASIC_128_3 = {  # three stages: RetinaNet's pyramid reads P3 and P4
+    **RESNET_BASIC_128,
+    "stackwise_num_filters": [64, 128, 256],
+    "stackwise_num_blocks": [1, 1, 1],
+    "stackwise_num_strides": [1, 2, 2],
+}
 
 # Other backbones: nine keras-hub backbones no earlier run compiled, added 2026-11-28 after every rule of the estimate
 # (three language models: T5Gemma 2, Gemma 3n text-only, PaliGemma with its image encoder; two vision transformers,
@@ -662,8 +669,9 @@ UNTRIED_BACKBONES = [
     ),
 ]
 
-# More backbones: five keras-hub backbones no earlier run compiled, added 2026-11-29 (Qwen, Moonshine's audio
-# encoder-decoder, VideoPrism's factorized video encoder, SegFormer on a MiT encoder, DeepLabV3 on a ResNet).
+# More backbones: ten keras-hub backbones no earlier run compiled, added 2026-11-29 (Qwen, Moonshine's audio
+# encoder-decoder, VideoPrism's factorized video encoder, SegFormer on a MiT encoder, DeepLabV3 on a ResNet; then
+# keras-hub's MobileNetV3, DepthAnything on DINOv2, RetinaNet's FPN and BASNet on ResNets, PARSeq on a ViT).
 # `--more-backbones` plans and compiles these into planner_vs_deviceless_more_backbones.json.
 MORE_BACKBONES = [
     (
@@ -737,6 +745,114 @@ MORE_BACKBONES = [
         ),
         64,
         None,
+    ),
+    (
+        "mobilenet v3 16-48 128 b64",
+        "MobileNetBackbone",
+        dict(
+            stackwise_expansion=[[40, 56], [64, 144, 144], [72, 72], [144, 288, 288]],
+            stackwise_num_blocks=[2, 3, 2, 3],
+            stackwise_num_filters=[[16, 16], [24, 24, 24], [24, 24], [48, 48, 48]],
+            stackwise_kernel_size=[[3, 3], [5, 5, 5], [5, 5], [5, 5, 5]],
+            stackwise_num_strides=[[2, 1], [2, 1, 1], [1, 1], [2, 1, 1]],
+            stackwise_se_ratio=[[None, None], [0.25, 0.25, 0.25], [0.3, 0.3], [0.3, 0.25, 0.25]],
+            stackwise_activation=[["relu", "relu"], ["hard_swish"] * 3, ["hard_swish"] * 2, ["hard_swish"] * 3],
+            stackwise_padding=[[1, 1], [2, 2, 2], [2, 2], [2, 2, 2]],
+            output_num_filters=288,
+            depthwise_filters=8,
+            depthwise_stride=2,
+            depthwise_residual=False,
+            last_layer_filter=288,
+            squeeze_and_excite=0.5,
+            image_shape=(128, 128, 3),
+        ),
+        64,
+        None,
+    ),
+    (
+        "depth_anything dinov2 h128 4 layers p14 224 b16",
+        "DepthAnythingBackbone",
+        dict(
+            image_encoder=(
+                "DINOV2Backbone",
+                dict(
+                    patch_size=14,
+                    num_layers=4,
+                    hidden_dim=128,
+                    num_heads=4,
+                    intermediate_dim=512,
+                    image_shape=(224, 224, 3),
+                    position_embedding_shape=(518, 518),
+                ),
+            ),
+            reassemble_factors=[4, 2, 1, 0.5],
+            neck_hidden_dims=[16, 32, 64, 128],
+            fusion_hidden_dim=128,
+            head_hidden_dim=16,
+            head_in_index=-1,
+            feature_keys=["stage1", "stage2", "stage3", "stage4"],
+        ),
+        16,
+        None,
+    ),
+    (
+        "retinanet resnet basic 64-256 128 b64",
+        "RetinaNetBackbone",
+        dict(
+            image_encoder=("ResNetBackbone", RESNET_BASIC_128_3),
+            min_level=3,
+            max_level=4,
+            use_p5=False,
+            image_shape=(128, 128, 3),
+        ),
+        64,
+        None,
+    ),
+    (
+        "basnet resnet basic 64-512 128 b32",
+        "BASNetBackbone",
+        dict(
+            image_encoder=(
+                "ResNetBackbone",
+                {
+                    **RESNET_BASIC_128,
+                    "stackwise_num_filters": [64, 128, 256, 512],
+                    "stackwise_num_blocks": [1, 1, 1, 1],
+                    "stackwise_num_strides": [1, 2, 2, 2],
+                    "image_shape": (None, None, 3),
+                },
+            ),
+            num_classes=1,
+            image_shape=(128, 128, 3),
+        ),
+        32,
+        None,
+    ),
+    (
+        "parseq vit h128 2+1 layers 32x128 b64 s26",
+        "PARSeqBackbone",
+        dict(
+            image_encoder=(
+                "ViTBackbone",
+                dict(
+                    image_shape=(32, 128, 3),
+                    patch_size=(4, 8),
+                    num_layers=2,
+                    num_heads=4,
+                    hidden_dim=128,
+                    mlp_dim=512,
+                    use_class_token=False,
+                ),
+            ),
+            vocabulary_size=97,
+            max_label_length=25,
+            decoder_hidden_dim=128,
+            num_decoder_layers=1,
+            num_decoder_heads=4,
+            decoder_mlp_dim=512,
+        ),
+        64,
+        26,
     ),
 ]
 
@@ -866,7 +982,7 @@ def main():
         "--untried-backbones", action="store_true", help="four keras-hub backbones added 2026-11-29 (UNTRIED_BACKBONES)"
     )
     parser.add_argument(
-        "--more-backbones", action="store_true", help="five keras-hub backbones added 2026-11-29 (MORE_BACKBONES)"
+        "--more-backbones", action="store_true", help="ten keras-hub backbones added 2026-11-29 (MORE_BACKBONES)"
     )
     parser.add_argument("--tasks", action="store_true", help="keras-hub tasks, head and loss whole (TASKS)")
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
