@@ -310,7 +310,7 @@ def label_shape(output_shape):
     without its class dimension, or with it where it is 1 (a one-channel map: Keras's loss squeezes a label of the
     output's rank, where it would squeeze the output to the labels' rank and refuse the pair)."""
     shape = tuple(output_shape)
-    return shape if shape[-1] == 1 else shape[:-1]
+    return shape if shape[-1:] == (1,) else shape[:-1]
 
 
 def trace_loss(y, labels):

@@ -32,3 +32,10 @@ def test_a_scan_is_one_operation_whose_flops_are_its_bodys_times_its_length():
     assert p.flat.flops[scans[0]] == STEPS * product
     assert p.flat.flops[scans[1]] == STEPS * 2 * product  # the state's and the weight's gradients, each step
     assert all(isinstance(p.flat.params[i], trace.Loop) for i in scans)
+
+
+def test_the_surrogate_losss_labels_drop_the_class_dimension_unless_it_is_one():
+    assert trace.label_shape((None, 16, 32)) == (None, 16)  # token logits: a label per token
+    assert trace.label_shape((None, 8, 8, 1)) == (None, 8, 8, 1)  # a one-channel map: Keras squeezes the label
+    assert trace.label_shape((None, 1)) == (None, 1)
+    assert trace.label_shape(()) == ()  # a scalar output (verify labels every output)
