@@ -12,7 +12,7 @@ from kdist.keras_internals import array_of, deferred, input_struct, layers, outp
 from kdist.keras_internals.optimizers import plan_optimizer, state_owners
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.step import compute_dtype, trace_step
-from kdist.planning.trace import TRACE_BATCH, label_shape
+from kdist.planning.trace import TRACE_BATCH, label_shape, loss_reads
 from kdist.rules.registry import placer_for
 from kdist.rules.rule import Rule
 from kdist.units import is_float, itemsize
@@ -314,7 +314,7 @@ def _label_shapes(model, sequence_length):
     return [
         tuple(sequence_length if d is None else d for d in label_shape(o.shape)[1:])
         for o in _outputs(model)
-        if is_float(o.dtype) and len(o.shape) >= 2
+        if loss_reads(o)
     ]
 
 

@@ -29,7 +29,7 @@ from kdist.keras_internals import (
 from kdist.planning.attention import default_attention, forced_attention
 from kdist.planning.buffers import Rules, analyse
 from kdist.planning.timeline import Step
-from kdist.planning.trace import TRACE_BATCH, label_shape, trace_layer, trace_loss
+from kdist.planning.trace import TRACE_BATCH, label_shape, loss_reads, trace_layer, trace_loss
 from kdist.units import is_float, itemsize
 
 
@@ -231,7 +231,7 @@ class _Walk:
         self.step.agenda.append(("loss_start",))
         per_example = []
         for kt in outputs:
-            if not is_float(kt.dtype) or len(kt.shape) < 2:
+            if not loss_reads(kt):
                 continue
             y = self.known[id(kt)]
             labels = jax.ShapeDtypeStruct(label_shape(y.shape), "int32")

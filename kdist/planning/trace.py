@@ -20,6 +20,7 @@ from jax.extend.core import Literal
 
 from kdist.keras_internals import nodes_by_depth, operation_fn, sublayers
 from kdist.planning.propagation import LOOPS, PARAMS
+from kdist.units import is_float
 
 TRACE_BATCH = 7919  # a prime batch size: batch dimensions are recognisable in traced shapes, sizes scale linearly
 
@@ -288,9 +289,11 @@ def sublayer_paths(layer, scopes):
             path, current = [], layer
             for name in [_unwrapped(c) for c in scope.split("/")][1:]:  # the first is `layer` itself
                 child = next((s for s in sublayers(current) if s.name == name), None)
-                if child is not None and not sublayers(child) and nodes_by_depth(current) is not None:
-                    path.append(name)
-                if child is None or not sublayers(child):
+                if child is None:
+                    break
+                if not sublayers(child):
+                    if nodes_by_depth(current) is not None:  # a node of a functional graph: its own path
+                        path.append(name)
                     break
                 path.append(name)
                 current = child
@@ -303,6 +306,11 @@ def _unwrapped(component):
     while (inner := _TRANSFORMED.fullmatch(component)) is not None:
         component = inner.group(1)
     return component
+
+
+def loss_reads(output):
+    """Whether the surrogate loss (`trace_loss`) reads a model output: a float one of rank 2 or more."""
+    return is_float(output.dtype) and len(output.shape) >= 2
 
 
 def label_shape(output_shape):

@@ -16,9 +16,8 @@ from kdist.jax_internals import (
     xla_memory,
 )
 from kdist.keras_internals import KerasTensor, deferred, symbolic_build
-from kdist.planning.trace import label_shape
+from kdist.planning.trace import label_shape, loss_reads
 from kdist.presets import build_preset
-from kdist.units import is_float
 
 
 def verify(result, facts, specs=None, progress=None, devices=None, compiler_options=None):
@@ -131,7 +130,7 @@ def _build_step(clone, x, optimizer, traced):
 
     def labels(t):
         shape = label_shape(t.shape)[1:]
-        if is_float(t.dtype) and len(t.shape) >= 2:
+        if loss_reads(t):
             shape = tuple(d if d is not None else known for d, known in zip(shape, next(traced, shape)))
         return jax.ShapeDtypeStruct((batch, *shape), "int32")
 
