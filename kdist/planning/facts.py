@@ -5,14 +5,14 @@ import copy
 import jax
 import keras
 
-from kdist.checks import shown
+from kdist.checks import is_int, shown
 from kdist.errors import ArgumentError, ArgumentTypeError, KdistError, ModelError, PlanError, cause
 from kdist.inspection.inspector import planned_optimizer
-from kdist.keras_internals import array_of, deferred, input_struct, layers, output_struct, set_path
+from kdist.keras_internals import array_of, deferred, input_struct, layers, set_path
 from kdist.keras_internals.optimizers import plan_optimizer, state_owners
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.step import compute_dtype, trace_step
-from kdist.planning.trace import TRACE_BATCH, label_shape, loss_reads
+from kdist.planning.trace import TRACE_BATCH
 from kdist.rules.registry import placer_for
 from kdist.rules.rule import Rule
 from kdist.units import is_float, itemsize
@@ -76,12 +76,12 @@ class ModelFacts:
         )
         self.owners = state_owners(self.optimizer_variables, self.slots)  # a repeated weight's own state repeats
         self.inputs = _input_shapes(self.model, sequence_length) if self.is_model else None
-        if self.inputs is not None and sequence_length is not None:
+        if self.inputs is not None and is_int(sequence_length):
             _check_position_tables(self.model, sequence_length)
-        if self.inputs is not None and sequence_length is None:
-            self.sequence_length = _fixed_sequence_length(self.inputs)
-        self.tokens_per_example = self.sequence_length or 1
-        self.label_shapes = _label_shapes(self.model, self.sequence_length) if self.inputs is not None else []
+        first_tokens = _fixed_sequence_length(self.inputs) if self.inputs is not None else None
+        if sequence_length is None:
+            self.sequence_length = first_tokens
+        self.tokens_per_example = (sequence_length if is_int(sequence_length) else first_tokens) or 1
         self.target, self.attention, self.remat, self.compiler_rules = target, attention, remat, compiler_rules
         self._trace_cache = {}  # traced programs by layer signature, shared by `retraced` copies
         self._buffer_static = None
@@ -184,7 +184,7 @@ class ModelFacts:
                     cache=self._trace_cache,
                 )
             except PlanError as e:
-                hint = _position_table_hint(self.model, self.sequence_length) if self.sequence_length else ""
+                hint = _position_table_hint(self.model, self.sequence_length)
                 if hint:
                     raise PlanError(f"{e}{hint}") from e
                 raise
@@ -250,22 +250,79 @@ def _planned_optimizer(optimizer, trainable):
     return built, built.name, variables, slots
 
 
+def check_sequence_length(sequence_length):
+    """`sequence_length` as None, a positive int, or {input name: an int >= 0, or a tuple of them}."""
+    if sequence_length is None or (is_int(sequence_length) and sequence_length >= 1):
+        return sequence_length
+    if isinstance(sequence_length, dict):
+        for name, length in sequence_length.items():
+            dims = tuple(length) if isinstance(length, (tuple, list)) else (length,)
+            if not isinstance(name, str) or not dims or not all(is_int(d) and d >= 0 for d in dims):
+                raise PlanError(
+                    f"sequence_length maps an input's name to its length (an int >= 0 for every unknown dimension "
+                    f"of that input, or a tuple with one per dimension); received {shown(name)}: {shown(length)}."
+                )
+        return {name: length if is_int(length) else tuple(length) for name, length in sequence_length.items()}
+    raise PlanError(
+        "sequence_length must be a positive integer (the length of every unknown input dimension) or a dict of "
+        f"lengths by input name ({{'encoder_token_ids': 512, 'decoder_token_ids': 128}}); received "
+        f"{shown(sequence_length)}."
+    )
+
+
 def _input_shapes(model, sequence_length):
-    """The model's input structure as ShapeDtypeStructs at batch TRACE_BATCH (None if it has no inputs)."""
+    """The model's input structure as ShapeDtypeStructs at batch TRACE_BATCH (None if it has no inputs).
+
+    Unknown dimensions after the batch take `sequence_length`: one int for all, or per input name (an int for each
+    of that input's unknown dimensions, or a tuple with one per dimension).
+    """
     inputs = input_struct(model)
     if inputs is None:
         return None
+    named = isinstance(sequence_length, dict)
+    flat = keras.tree.flatten(inputs)
+    names = [t.name for t in flat]
+    if named and set(sequence_length) - set(names):
+        raise PlanError(
+            f"sequence_length names {sorted(set(sequence_length) - set(names))}, which model {model.name!r} has no "
+            f"input called: its inputs are {names}."
+        )
+    unnamed = [t.name for t in flat if None in t.shape[1:] and t.name not in sequence_length] if named else []
+    if unnamed:
+        raise PlanError(
+            f"sequence_length={shown(sequence_length)} gives no length to input(s) {unnamed} of model "
+            f"{model.name!r}, whose shapes have unknown dimensions: add each name with its length."
+        )
+
+    def lengths(t, count):
+        if sequence_length is None:
+            raise PlanError(
+                f"Input {t.name!r} of model {model.name!r} has shape {tuple(t.shape)}: pass sequence_length= "
+                "(--seq-len) for its unknown dimensions, one length for all inputs or a dict by input name."
+            )
+        if not named:
+            return (sequence_length,) * count
+        given = sequence_length[t.name]
+        if is_int(given):
+            return (given,) * count
+        if len(given) != count:
+            raise PlanError(
+                f"sequence_length[{t.name!r}]={given} has {len(given)} lengths, and input {t.name!r} of model "
+                f"{model.name!r} (shape {tuple(t.shape)}) has {count} unknown dimension(s) after the batch: give one "
+                "per dimension, or one int for all of them."
+            )
+        return given
 
     def struct(t):
         dims = list(t.shape)
-        for i, d in enumerate(dims):
-            if d is None and i > 0:
-                if sequence_length is None:
-                    raise PlanError(
-                        f"Input {t.name!r} of model {model.name!r} has shape {tuple(t.shape)}: pass sequence_length= "
-                        "(--seq-len) for its unknown dimensions."
-                    )
-                dims[i] = sequence_length
+        unknown = [i for i, d in enumerate(dims) if d is None and i > 0]
+        if named and t.name in sequence_length and not unknown:
+            raise PlanError(
+                f"sequence_length names input {t.name!r} of model {model.name!r}, whose shape {tuple(t.shape)} has "
+                "no unknown dimension after the batch: leave it out."
+            )
+        for i, length in zip(unknown, lengths(t, len(unknown)) if unknown else ()):
+            dims[i] = length
         if dims and dims[0] is None:
             dims[0] = TRACE_BATCH
         return jax.ShapeDtypeStruct(tuple(dims), t.dtype)
@@ -300,22 +357,24 @@ def _check_position_tables(model, sequence_length):
 
 
 def _position_table_hint(model, sequence_length):
-    """For a failed trace: the position tables longer than `sequence_length` (a layer may add its whole table)."""
-    longer = [(layer, length) for layer, length in _position_layers(model) if length > sequence_length]
+    """For a failed trace: the learned position tables the traced lengths may not fit (a layer may add its whole
+    table, or take no more positions than it holds)."""
+    tables = list(_position_layers(model))
+    if isinstance(sequence_length, dict):
+        held = ", ".join(f"{layer.name!r} ({type(layer).__name__}) {length}" for layer, length in tables)
+        return (
+            f" The model's learned position tables hold these many positions: {held}. An input longer than the table "
+            "it reaches cannot be traced, and a layer that adds its whole table needs exactly its length: check "
+            f"sequence_length={shown(sequence_length)} against them."
+            if tables
+            else ""
+        )
     return "".join(
         f" Layer {layer.name!r} ({type(layer).__name__}) holds positions for {length} tokens and the step was "
         f"traced with sequence_length={sequence_length}: if it adds its whole table, pass sequence_length={length}."
-        for layer, length in longer
+        for layer, length in tables
+        if sequence_length is not None and length > sequence_length
     )
-
-
-def _label_shapes(model, sequence_length):
-    """Per-example shapes of the integer labels of the surrogate loss on each float output (`trace.label_shape`)."""
-    return [
-        tuple(sequence_length if d is None else d for d in label_shape(o.shape)[1:])
-        for o in _outputs(model)
-        if loss_reads(o)
-    ]
 
 
 def _fixed_sequence_length(inputs):
@@ -323,12 +382,6 @@ def _fixed_sequence_length(inputs):
         if len(s.shape) >= 2 and not is_float(s.dtype):
             return int(s.shape[1])  # token ids: (batch, sequence)
     return None
-
-
-def _outputs(model):
-    """The model's symbolic outputs, flattened ([] when it has no layer graph)."""
-    struct = output_struct(model)
-    return keras.tree.flatten(struct) if struct is not None else []
 
 
 def check_dtype(dtype):

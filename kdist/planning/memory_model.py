@@ -400,6 +400,6 @@ def input_bytes(facts, local_batch):
     total = 0
     for s in keras.tree.flatten(facts.inputs):
         total += local_batch * math.prod(s.shape[1:]) * itemsize(s.dtype)
-    for shape in facts.label_shapes:
-        total += local_batch * math.prod(shape) * 4
+    for shape in facts.traced.labels if facts.traced is not None else ():  # batch TRACE_BATCH, or 1: shared
+        total += (local_batch if shape[0] == TRACE_BATCH else shape[0]) * math.prod(shape[1:]) * 4
     return int(total)

@@ -157,7 +157,7 @@ class Plan(Report):
     model: str
     devices: int
     batch_size: int
-    sequence_length: int
+    sequence_length: object  # an int, or {input name: length} (`kdist.plan`)
     optimizer: str
     memory_per_device: int
     bandwidth: float

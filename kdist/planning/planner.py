@@ -29,7 +29,7 @@ from kdist.planning.calibration import (
 )
 from kdist.planning.candidates import evaluate
 from kdist.planning.deviceless import COMPILER_OPTIONS, gpu_devices
-from kdist.planning.facts import ModelFacts, check_dtype
+from kdist.planning.facts import ModelFacts, check_dtype, check_sequence_length
 from kdist.planning.memory_model import GEMM_WORKSPACE
 from kdist.planning.plan import Plan
 from kdist.planning.ranking import rank
@@ -91,7 +91,11 @@ def plan(
         devices: the number of devices, a positive integer.
         batch_size: the global batch size.
         sequence_length: the length of unknown (None) input dimensions after
-            the batch, e.g. tokens per example of a keras-hub backbone.
+            the batch, e.g. tokens per example of a keras-hub backbone; or a
+            dict by input name where inputs differ (a seq2seq model's
+            `{"encoder_token_ids": 512, "decoder_token_ids": 128, ...}`), each
+            an int for all of that input's unknown dimensions or a tuple with
+            one per dimension (an empty prompt: 0).
         optimizer: a Keras optimizer name, config or instance; its real
             slot variables are planned (Adam: 2 per weight).
         dtype: count weights, gradients, optimizer state and activations in
@@ -136,8 +140,7 @@ def plan(
     start = time.perf_counter()
     devices = positive_int(devices, "devices", maximum=MAX_DEVICES, error=PlanError)
     batch_size = positive_int(batch_size, "batch_size", error=PlanError)
-    if sequence_length is not None:
-        sequence_length = positive_int(sequence_length, "sequence_length", error=PlanError)
+    sequence_length = check_sequence_length(sequence_length)
     memory = parse_size(memory_per_device, "memory_per_device") if memory_per_device is not None else None
     bandwidth = parse_size(bandwidth, "bandwidth")
     latency = non_negative_number(latency, "latency", unit="seconds", error=PlanError)

@@ -54,7 +54,7 @@ class TracedStep:
     notes: list
     convolutions: bool = False
     capped_scores: bool = False  # a tanh over attention scores: a logit soft cap (Gemma 2), `candidates.band`
-    labels: tuple = ()  # per output the loss reads (float, rank >= 2, in order): its labels' shape per example
+    labels: tuple = ()  # per output the loss reads (float, rank >= 2, in order): its labels' traced shape (`verify`)
 
     @property
     def family(self):
@@ -227,15 +227,15 @@ class _Walk:
 
     def loss(self, outputs):
         """Keras's SparseCategoricalCrossentropy(from_logits=True) on each float output of rank >= 2; returns the
-        labels' shape per example of each (its traced output's, where the model's spec does not know a length)."""
+        labels' traced shape of each: batch TRACE_BATCH, or 1 for an output every example shares (SAM's positions)."""
         self.step.agenda.append(("loss_start",))
-        per_example = []
+        shapes = []
         for kt in outputs:
             if not loss_reads(kt):
                 continue
             y = self.known[id(kt)]
             labels = jax.ShapeDtypeStruct(label_shape(y.shape), "int32")
-            per_example.append(labels.shape[1:])
+            shapes.append(labels.shape)
             lp = self.program(("loss", repr(y)), lambda: trace_loss(y, labels))
             inputs = {
                 lp.a[0]: self.tensor[id(kt)],
@@ -245,7 +245,7 @@ class _Walk:
             inst = self.step.instance(lp, inputs, "loss")
             self.step.agenda.append(("run", inst, 0, len(lp.flat.eqns)))
             self.step.add_cotangent(self.cotangents, self.tensor[id(kt)], inst[1][lp.ga[0]])
-        return tuple(per_example)
+        return tuple(shapes)
 
     def backward(self, trainable_variables):
         """Every call's backward in reverse, summing cotangents and gradients; then the optimizer update."""

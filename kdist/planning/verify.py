@@ -16,7 +16,7 @@ from kdist.jax_internals import (
     xla_memory,
 )
 from kdist.keras_internals import KerasTensor, deferred, symbolic_build
-from kdist.planning.trace import label_shape, loss_reads
+from kdist.planning.trace import TRACE_BATCH, label_shape, loss_reads
 from kdist.presets import build_preset
 
 
@@ -121,18 +121,20 @@ def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
 
 def _build_step(clone, x, optimizer, traced):
     """Compile `clone` with Keras's sparse cross-entropy on every output and build it and its optimizer abstractly
-    for inputs `x`; return the labels' structure. `traced`: the traced step's labels per example of each output
-    its loss reads, for the lengths an output's spec does not know (PARSeq's decoder)."""
+    for inputs `x`; return the labels' structure. `traced`: the traced step's labels of each output its loss reads
+    (`TracedStep.labels`), for the lengths and batch an output's spec does not know (PARSeq's decoder, SAM)."""
     with deferred():  # each output's own length (Whisper's encoder halves its frames), not the sequence given
         outputs = clone.compute_output_spec(keras.tree.map_structure(lambda s: KerasTensor(s.shape, s.dtype), x))
     batch = keras.tree.flatten(x)[0].shape[0]  # an output whose spec lost it (VideoPrism's reshapes) still has it
     traced = iter(traced)
 
     def labels(t):
-        shape = label_shape(t.shape)[1:]
+        shape, examples = label_shape(t.shape)[1:], batch
         if loss_reads(t):
-            shape = tuple(d if d is not None else known for d, known in zip(shape, next(traced, shape)))
-        return jax.ShapeDtypeStruct((batch, *shape), "int32")
+            known = next(traced, (TRACE_BATCH, *shape))
+            examples = batch if known[0] == TRACE_BATCH else known[0]  # 1: an output the batch shares (SAM's)
+            shape = tuple(d if d is not None else k for d, k in zip(shape, known[1:]))
+        return jax.ShapeDtypeStruct((examples, *shape), "int32")
 
     y = keras.tree.map_structure(labels, outputs)
     loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)

@@ -27,6 +27,8 @@ def plan_renderables(p, width=80):
 
 def _header(p):
     seq = f", sequence {p.sequence_length}" if p.sequence_length else ""
+    if isinstance(p.sequence_length, dict):
+        seq = ", sequences " + ", ".join(f"{name} {length}" for name, length in p.sequence_length.items())
     memory = ""
     if p.memory_per_device:
         source = f" ({p.memory_source})" if p.memory_source and p.memory_source != "memory_per_device" else ""

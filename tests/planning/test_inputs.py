@@ -17,6 +17,16 @@ def _frozen():
     return keras.Model(inputs, keras.layers.Dense(4, trainable=False)(inputs))
 
 
+def _tokens_and_image():
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    image = keras.Input((8,), name="image")
+    x = keras.layers.Embedding(16, 8)(tokens) + keras.layers.Dense(8)(image)[:, None, :]
+    return keras.Model([tokens, image], keras.layers.Dense(16)(x))
+
+
+TWO_INPUTS = kdist.abstract_model(_tokens_and_image)
+
+
 def plan(model=MODEL, devices=8, **options):
     """kdist.plan of the MLP on 8 devices with a batch of 8, but for `options`."""
     return lambda: kdist.plan(model, devices, **{"batch_size": 8, **options})
@@ -31,7 +41,16 @@ CASES = [
     (plan(devices=10**9), PlanError, "devices=1000000000", "typo"),
     (plan(batch_size=-1), PlanError, "batch_size must be a positive integer; received -1"),
     (plan(batch_size=8.5), PlanError, "batch_size", "8.5"),
-    (plan(sequence_length=0), PlanError, "sequence_length must be a positive integer; received 0"),
+    (plan(sequence_length=0), PlanError, "sequence_length must be a positive integer", "a dict", "received 0"),
+    (plan(sequence_length="long"), PlanError, "sequence_length must be a positive integer", "received 'long'"),
+    (plan(TWO_INPUTS), PlanError, "Input 'tokens'", "(None, None)", "pass sequence_length= (--seq-len)"),
+    (plan(TWO_INPUTS, sequence_length={"token": 4}), PlanError, "names ['token']", "inputs are ['tokens', 'image']"),
+    (plan(TWO_INPUTS, sequence_length={}), PlanError, "gives no length to input(s) ['tokens']", "add each name"),
+    (plan(TWO_INPUTS, sequence_length={"tokens": 4, "image": 2}), PlanError, "input 'image'", "leave it out"),
+    (plan(TWO_INPUTS, sequence_length={"tokens": (4, 2)}), PlanError, "=(4, 2) has 2 lengths", "1 unknown dim"),
+    (plan(TWO_INPUTS, sequence_length={"tokens": -1}), PlanError, "an int >= 0", "received 'tokens': -1"),
+    (plan(TWO_INPUTS, sequence_length={"tokens": 1.5}), PlanError, "a tuple with one per dimension", "1.5"),
+    (plan(TWO_INPUTS, sequence_length={3: 4}), PlanError, "maps an input's name to its length", "received 3: 4"),
     (plan(optimizer="adamz"), ArgumentError, "Unknown optimizer 'adamz'", "adamw"),
     (plan(optimizer=3), ArgumentTypeError, "optimizer must be a name", "received int"),
     (plan(optimizer={"a": 1}), ArgumentError, "optimizer config {'a': 1} has no 'class_name'", "serialize"),
@@ -110,3 +129,17 @@ def test_a_sequence_shorter_than_a_table_its_layer_adds_whole_names_the_table():
 def test_bad_input_is_refused_clearly(case):
     call, error, *words = case
     raises_clearly(call, error, *words)
+
+
+def test_lengths_by_name_that_overrun_a_position_table_name_the_tables():
+    pytest.importorskip("keras_hub")
+    model = kdist.abstract_model(tiny_entries()["whisper"])  # 32 frames fill its 16 encoder positions (stride 2)
+    lengths = {"encoder_features": 64, "decoder_token_ids": 16, "decoder_padding_mask": 16}
+    raises_clearly(
+        lambda: kdist.plan(model, 2, batch_size=8, sequence_length=lengths),
+        PlanError,
+        "could not trace layer 'encoder_position_embedding'",
+        "'encoder_position_embedding' (PositionEmbedding) 16",
+        "check sequence_length=",
+    )
+    assert kdist.plan(model, 2, batch_size=8, sequence_length={**lengths, "encoder_features": 32}).candidates

@@ -20,6 +20,27 @@ def non_negative(text):
     return _integer(text, 0)
 
 
+def sequence_lengths(text):
+    """argparse type: a length >= 1, or lengths by input name: "enc=512,dec=128" ("masks=0x64x64": one per dimension).
+
+    >>> sequence_lengths("512"), sequence_lengths("encoder_token_ids=512, masks=0x64x64")
+    (512, {'encoder_token_ids': 512, 'masks': (0, 64, 64)})
+    """
+    if "=" not in text:
+        return positive(text)
+    lengths = {}
+    for item in text.split(","):
+        name, _, value = (part.strip() for part in item.partition("="))
+        dims = value.split("x")
+        if not name or not all(d.isdigit() for d in dims):
+            raise argparse.ArgumentTypeError(
+                f"expected NAME=LENGTH pairs separated by commas (LENGTH an integer >= 0, or AxB for one per "
+                f"dimension), got {item.strip()!r}"
+            )
+        lengths[name] = int(dims[0]) if len(dims) == 1 else tuple(int(d) for d in dims)
+    return lengths
+
+
 def seconds(text):
     """argparse type: a number of seconds > 0."""
     try:

@@ -3,7 +3,7 @@
 import jax
 from rich.console import Console
 
-from kdist.cli.commands._shared import positive
+from kdist.cli.commands._shared import positive, sequence_lengths
 from kdist.errors import PlanError
 from kdist.planning.planner import plan
 from kdist.planning.targets import DEFAULT_MARGIN
@@ -27,7 +27,10 @@ def register(commands, common):
     parser.add_argument("--devices", type=positive, required=True, help="number of devices to plan for")
     parser.add_argument("--batch-size", type=positive, required=True, help="global batch size")
     parser.add_argument(
-        "--seq-len", type=positive, help="sequence length (tokens per example) for models with unknown lengths"
+        "--seq-len",
+        type=sequence_lengths,
+        help="sequence length (tokens per example) for models with unknown lengths; or lengths per input: "
+        '"encoder_token_ids=512,decoder_token_ids=128" (NAME=AxB for one per unknown dimension)',
     )
     parser.add_argument("--memory", help='memory per device, e.g. "80GB", "80GiB", "8e10"')
     parser.add_argument("--optimizer", default="adam", help='Keras optimizer name (default "adam")')
