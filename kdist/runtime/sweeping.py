@@ -146,6 +146,7 @@ def sweep(
             _optimizer(optimizer) if loss is not None else None,
             rules,
             strict=top is not None,
+            x=x,
         )
         estimate = planned if estimate == "planner" else estimate
         if top is not None:

@@ -172,6 +172,29 @@ def test_top_sweeps_the_plans_leading_meshes_only():
         sweep(tiny_model, tiny_data(), batch_size=BATCH, top=0, progress=False)
 
 
+def _tokens_and_frames():
+    """Two inputs of unknown length, by name (a keras-hub backbone's shape): the planner needs their lengths."""
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    frames = keras.Input((None, 4), name="frames")
+    x = keras.layers.Embedding(16, 8)(tokens)
+    pooled = keras.ops.mean(keras.layers.Dense(8)(frames), axis=1, keepdims=True)
+    return keras.Model({"tokens": tokens, "frames": frames}, keras.layers.Dense(16)(x + pooled))
+
+
+def test_the_estimate_takes_unknown_input_lengths_from_the_data():
+    rng = np.random.default_rng(0)
+    x = {"tokens": rng.integers(0, 16, size=(BATCH, 6)), "frames": rng.random((BATCH, 10, 4), dtype=np.float32)}
+    y = rng.integers(0, 16, size=(BATCH, 6))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    top = sweep(_tokens_and_frames, (x, y), steps=1, warmup=0, batch_size=BATCH, loss=loss, top=1, progress=False)
+    model = kdist.abstract_model(_tokens_and_frames)
+    lengths = {"tokens": 6, "frames": 10}
+    plan = kdist.plan(model, 8, batch_size=BATCH, sequence_length=lengths, optimizer="adam")
+    assert top.rows[0].ok and top.rows[0].estimate_bytes == plan.candidate(top.rows[0].mesh).peak
+    assert kdist.runtime.sweep_estimate.data_lengths(model, x) == {"tokens": (6,), "frames": (10,)}
+    assert kdist.runtime.sweep_estimate.data_lengths(model, [x["tokens"]]) is None  # not laid out as the inputs
+
+
 def test_estimate_can_be_turned_off():
     row = dp_row(estimate=None)
     assert row.estimate_bytes is None and row.estimate_note == NO_ESTIMATE
