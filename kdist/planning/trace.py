@@ -265,7 +265,8 @@ def trace_layer(op, trainable, non_trainable, leaves, treedef, diff_pos, const_p
         args, kwargs = jax.tree.unflatten(treedef, full)
         mapping = list(zip(trainable, tw)) + list(zip(non_trainable, nt))
         with keras.StatelessScope(state_mapping=mapping):
-            return keras.tree.flatten(operation_fn(op, training=True)(*args, **kwargs))
+            outputs = keras.tree.flatten(operation_fn(op, training=True)(*args, **kwargs))
+            return [x.value if isinstance(x, keras.Variable) else x for x in outputs]  # a weight returned as it is
 
     tw = [jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for v in trainable]
     cs = [jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for v in non_trainable] + [shapes[i] for i in const_pos]

@@ -20,6 +20,30 @@ def _pooled():
     return keras.Model(tokens, keras.layers.Dense(10)(first))
 
 
+class _Positions(keras.layers.Layer):
+    """Returns its weight as it is (a learned table every example shares): Keras trains it; the trace failed."""
+
+    def build(self, shape):
+        self.table = self.add_weight(shape=(1, *shape[1:]), initializer="zeros")
+
+    def call(self, x):
+        return self.table
+
+    def compute_output_shape(self, shape):
+        return (1, *shape[1:])
+
+
+def _with_positions():
+    images = keras.Input((4, 4, 3))
+    x = keras.layers.Dense(8)(images)
+    return keras.Model(images, keras.layers.Dense(8)(x + _Positions()(x)))
+
+
+def test_a_layer_returning_its_own_weight_is_traced_and_verified():
+    checked = kdist.plan(_with_positions, 8, batch_size=64, verify=["data=8"]).candidate("data=8")
+    assert checked.activations > 0 and checked.compiled and checked.compiled["peak"] > 0
+
+
 def test_a_model_indexing_a_tensor_with_an_integer_is_planned():
     model = kdist.abstract_model(_pooled)
     for devices in (1, 8):
