@@ -77,7 +77,10 @@ planner_vs_deviceless_untried_backbones.json; with --more-backbones ten more (`M
 VideoPrism, SegFormer, DeepLabV3, MobileNetV3, DepthAnything, RetinaNet, BASNet, PARSeq), into
 planner_vs_deviceless_more_backbones.json; with --tasks six keras-hub
 tasks, head and loss whole (`TASKS`: the causal LMs of Llama 3, Qwen3, Gemma 3 and GPT-2 with a vocabulary of
-16384, BART's seq2seq LM, a BERT text classifier), into planner_vs_deviceless_tasks.json;
+16384, BART's seq2seq LM, a BERT text classifier), into planner_vs_deviceless_tasks.json; with --mixed-lengths four
+whose inputs differ in length, given by name (`MIXED_LENGTHS`: T5 and BART at 512 source and 128 target tokens,
+Whisper at 1000 audio frames and 128 tokens, SAM with a point and a box), into
+planner_vs_deviceless_mixed_lengths.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of
@@ -334,6 +337,74 @@ FAMILIES_UNSEEN = _widened(
         "whisper": {"max_encoder_sequence_length": 512, "max_decoder_sequence_length": 256},
     },
 )
+
+# Inputs of different lengths (`sequence_length` by input name): T5's and BART's encoder at 512 tokens and decoder at
+# 128, Whisper's 1000 audio frames (500 after its stride 2, its encoder's position table grown to them) and 128 tokens,
+# widened as above; and SAM (a ViTDet image encoder, hidden 256, 4 layers, 256 x 256 images) with one point and one
+# box per image and no mask (`masks` of length 0). The last word of a label gives the lengths. `--mixed-lengths` plans
+# and compiles these into planner_vs_deviceless_mixed_lengths.json.
+SEQ2SEQ_LENGTHS = {"encoder_token_ids": 512, "encoder_padding_mask": 512, "decoder_token_ids": 128}
+SEQ2SEQ_LENGTHS["decoder_padding_mask"] = 128
+WHISPER_LENGTHS = {"encoder_features": 1000, "decoder_token_ids": 128, "decoder_padding_mask": 128}
+SAM_IMAGE = 256
+MIXED_LENGTHS = [
+    (label.replace(" s256", f" s{tag}"), cls, config, batch, lengths)
+    for (label, cls, config, batch, _), (tag, lengths) in zip(
+        _widened(
+            ["t5", "bart", "whisper"],
+            {
+                "bart": {"max_sequence_length": 512},
+                "whisper": {"max_encoder_sequence_length": 1000, "max_decoder_sequence_length": 256},
+            },
+        ),
+        [("512:128", SEQ2SEQ_LENGTHS), ("512:128", SEQ2SEQ_LENGTHS), ("1000:128", WHISPER_LENGTHS)],
+    )
+] + [
+    (
+        f"sam vitdet h256 4 layers i{SAM_IMAGE} b32 p1:1:0",
+        "SAMBackbone",
+        dict(
+            image_encoder=(
+                "ViTDetBackbone",
+                dict(
+                    hidden_size=256,
+                    num_layers=4,
+                    intermediate_dim=1024,
+                    num_heads=8,
+                    global_attention_layer_indices=[1, 3],
+                    patch_size=16,
+                    num_output_channels=256,
+                    window_size=4,
+                    image_shape=(SAM_IMAGE, SAM_IMAGE, 3),
+                ),
+            ),
+            prompt_encoder=(
+                "keras_hub.layers.SAMPromptEncoder",
+                dict(
+                    hidden_size=256,
+                    image_embedding_size=(SAM_IMAGE // 16, SAM_IMAGE // 16),
+                    input_image_size=(SAM_IMAGE, SAM_IMAGE),
+                    mask_in_channels=16,
+                ),
+            ),
+            mask_decoder=(
+                "keras_hub.layers.SAMMaskDecoder",
+                dict(
+                    num_layers=2,
+                    hidden_size=256,
+                    intermediate_dim=1024,
+                    num_heads=8,
+                    embedding_dim=256,
+                    num_multimask_outputs=3,
+                    iou_head_depth=3,
+                    iou_head_hidden_dim=256,
+                ),
+            ),
+        ),
+        32,
+        {"points": 1, "labels": 1, "boxes": 1, "masks": (0, SAM_IMAGE, SAM_IMAGE)},
+    )
+]
 
 # Outside the zoo: six keras-hub backbones kdist.zoo does not have (so no rule set of their own: kdist's default rules
 # place them), at the widths above (hidden 256, MLP 1024, 2 layers or stages; 64 x 64 images), batch 32 x 256 tokens or
@@ -932,7 +1003,7 @@ def config_named(model):
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
     every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + CNNS_MAX_POOLS + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO
     every += NEWEST_FAMILIES
-    every += OTHER_BACKBONES + UNTRIED_BACKBONES + MORE_BACKBONES + TASKS
+    every += OTHER_BACKBONES + UNTRIED_BACKBONES + MORE_BACKBONES + TASKS + MIXED_LENGTHS
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -985,6 +1056,9 @@ def main():
         "--more-backbones", action="store_true", help="ten keras-hub backbones added 2026-11-29 (MORE_BACKBONES)"
     )
     parser.add_argument("--tasks", action="store_true", help="keras-hub tasks, head and loss whole (TASKS)")
+    parser.add_argument(
+        "--mixed-lengths", action="store_true", help="inputs of different lengths, by name (MIXED_LENGTHS) instead"
+    )
     parser.add_argument("--cnns", action="store_true", help="Keras Applications CNNs (CNNS) instead")
     parser.add_argument("--long-spans", action="store_true", help="Qwen3.5's long backward sublayer (LONG_SPANS)")
     parser.add_argument("--cnns-held-out", action="store_true", help="the CNNS_HELD_OUT CNNs instead")
@@ -1019,6 +1093,8 @@ def main():
         configs, name = MORE_BACKBONES, "more_backbones"
     elif args.tasks:
         configs, name = TASKS, "tasks"
+    elif args.mixed_lengths:
+        configs, name = MIXED_LENGTHS, "mixed_lengths"
     elif args.cnns:
         configs, name = CNNS, "cnns"
     elif args.long_spans:
@@ -1076,7 +1152,7 @@ def main():
     for label, cls, config, batch, sequence in configs:
         batch = args.batch or batch
         label = label.replace(label.split()[-2] if sequence else label.split()[-1], f"b{batch}")
-        if args.sequence and sequence:  # a position table grows to the longer sequence
+        if args.sequence and isinstance(sequence, int):  # a position table grows to the longer sequence
             label, sequence = label.replace(label.split()[-1], f"s{args.sequence}"), args.sequence
             if config.get("max_sequence_length", sequence) < sequence:
                 config = {**config, "max_sequence_length": sequence}

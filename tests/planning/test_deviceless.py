@@ -133,3 +133,31 @@ def test_a_depthwise_kernel_kept_whole_over_fsdp_keeps_xla_at_the_estimate():
     whole, resharded = whole.candidate("data=2,fsdp=4"), resharded.candidate("data=2,fsdp=4")
     assert 0.95 <= whole.ratio <= 1.05, (whole.peak, whole.compiled["peak"])
     assert resharded.compiled["peak"] > 2 * whole.compiled["peak"]  # 169 MB against 54 (docs/plan.md)
+
+
+@needs_plugin
+def test_a_seq2seq_model_with_lengths_by_input_name_is_within_10_percent():
+    """A subset of `planner_vs_deviceless_sharded.py --mixed-lengths` at a smaller size: keras-hub's BART with 256
+    source and 64 target tokens, each input's length given by name."""
+    keras_hub = pytest.importorskip("keras_hub")
+
+    def bart():
+        return keras_hub.models.BartBackbone(
+            vocabulary_size=1024,
+            num_layers=2,
+            num_heads=4,
+            hidden_dim=128,
+            intermediate_dim=512,
+            max_sequence_length=256,
+        )
+
+    lengths = {"encoder_token_ids": 256, "encoder_padding_mask": 256, "decoder_token_ids": 64}
+    lengths["decoder_padding_mask"] = 64
+    meshes = ["data=8", "fsdp=8", "data=2,model=4"]
+    result = kdist.plan(
+        bart, 8, batch_size=32, sequence_length=lengths, target="H100", attention="materialized", verify=meshes,
+        verify_target="H100",
+    )  # fmt: skip
+    for spec in meshes:
+        c = result.candidate(spec)
+        assert 0.95 <= c.ratio <= 1.1 and c.band[0] <= c.compiled["peak"] <= c.band[1], (spec, c.ratio, c.band)
