@@ -76,8 +76,6 @@ class ModelFacts:
         )
         self.owners = state_owners(self.optimizer_variables, self.slots)  # a repeated weight's own state repeats
         self.inputs = _input_shapes(self.model, sequence_length) if self.is_model else None
-        if self.inputs is not None and is_int(sequence_length):
-            _check_position_tables(self.model, sequence_length)
         first_tokens = _fixed_sequence_length(self.inputs) if self.inputs is not None else None
         if sequence_length is None:
             self.sequence_length = first_tokens
@@ -184,6 +182,9 @@ class ModelFacts:
                     cache=self._trace_cache,
                 )
             except PlanError as e:
+                shorter = _shorter_tables(self.model, self.sequence_length)
+                if shorter:  # the likely cause: a table the sequence overruns
+                    raise ArgumentError(_overrun(self.model, self.sequence_length, shorter)) from e
                 hint = _position_table_hint(self.model, self.sequence_length)
                 if hint:
                     raise PlanError(f"{e}{hint}") from e
@@ -202,6 +203,12 @@ class ModelFacts:
             )
             return None
         self.notes.extend(traced.notes)
+        shorter = _shorter_tables(self.model, self.sequence_length)
+        if shorter:
+            self.notes.append(
+                f"{_overrun(self.model, self.sequence_length, shorter, fix=False)} The step traced: a layer shortens "
+                "its input before the table, as Whisper's strided encoder does; check the model runs at that length"
+            )
         return traced
 
 
@@ -345,15 +352,21 @@ def _position_layers(model):
             yield layer, length
 
 
-def _check_position_tables(model, sequence_length):
-    """Refuse a sequence longer than a learned position table of the model holds (the step could not run)."""
-    for layer, length in _position_layers(model):
-        if length < sequence_length:
-            raise ArgumentError(
-                f"sequence_length={sequence_length} is longer than layer {layer.name!r} ({type(layer).__name__}) "
-                f"of model {model.name!r} takes: it holds positions for {length} tokens. Pass sequence_length <= "
-                f"{length}, or build the model with longer position tables."
-            )
+def _shorter_tables(model, sequence_length):
+    """(layer, length) of each learned position table shorter than one `sequence_length` (by name: not checked)."""
+    if not is_int(sequence_length):
+        return []
+    return [(layer, length) for layer, length in _position_layers(model) if length < sequence_length]
+
+
+def _overrun(model, sequence_length, shorter, fix=True):
+    """What a sequence longer than learned position tables meets (a step that could not run), and what to pass."""
+    tables = "; ".join(
+        f"layer {layer.name!r} ({type(layer).__name__}) holds positions for {n} tokens" for layer, n in shorter
+    )
+    most = min(length for _, length in shorter)
+    advice = f" Pass sequence_length <= {most}, or build the model with longer position tables." if fix else ""
+    return f"sequence_length={sequence_length} is longer than model {model.name!r} takes: {tables}.{advice}"
 
 
 def _position_table_hint(model, sequence_length):

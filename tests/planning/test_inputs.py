@@ -6,7 +6,7 @@ import pytest
 import kdist
 from kdist.errors import ArgumentError, ArgumentTypeError, ModelError, PlanError, RuleError, SizeError
 from kdist.models import mnist_mlp
-from kdist.zoo import tiny_entries
+from kdist.zoo import TINY, tiny_entries
 from tests.helpers import raises_clearly
 
 MODEL = kdist.abstract_model(mnist_mlp)
@@ -93,8 +93,8 @@ def test_a_sequence_longer_than_a_learned_position_table_is_refused():
     raises_clearly(
         lambda: kdist.plan(model, 2, batch_size=8, sequence_length=64),
         ArgumentError,
-        "sequence_length=64 is longer than layer 'position_embedding' (PositionEmbedding)",
-        "holds positions for 32 tokens",
+        "sequence_length=64 is longer than model 'gpt2_backbone' takes",
+        "layer 'position_embedding' (PositionEmbedding) holds positions for 32 tokens",
         "sequence_length <= 32",
     )
     assert kdist.plan(model, 2, batch_size=8, sequence_length=32).candidates
@@ -106,10 +106,29 @@ def test_a_position_table_inside_a_layer_not_named_position_is_found():
     raises_clearly(
         lambda: kdist.plan(model, 2, batch_size=8, sequence_length=32),
         ArgumentError,
-        "sequence_length=32 is longer than layer 'embedding' (SigLIPTextEmbedding)",
-        "holds positions for 16 tokens",
+        "sequence_length=32 is longer than model 'sig_lip_backbone' takes",
+        "layer 'embedding' (SigLIPTextEmbedding) holds positions for 16 tokens",
     )
     assert kdist.plan(model, 2, batch_size=8, sequence_length=16).candidates
+
+
+def test_a_table_a_strided_layer_fits_the_sequence_to_is_planned_with_a_note():
+    """Whisper's encoder halves its frames before its 16 positions: 24 frames fit (it was refused before the trace)."""
+    keras_hub = pytest.importorskip("keras_hub")
+    model = kdist.abstract_model(
+        lambda: keras_hub.models.WhisperBackbone(**{**TINY["whisper"], "max_decoder_sequence_length": 32})
+    )
+    result = kdist.plan(model, 2, batch_size=8, sequence_length=24)
+    assert result.candidates and any(
+        "sequence_length=24 is longer than model 'whisper_backbone' takes" in note and "The step traced" in note
+        for note in result.notes
+    )
+    raises_clearly(
+        lambda: kdist.plan(model, 2, batch_size=8, sequence_length=40),  # 40 tokens overrun the decoder's 32
+        ArgumentError,
+        "holds positions for 16 tokens; layer 'decoder_token_and_position_embedding'",
+        "Pass sequence_length <= 16",
+    )
 
 
 def test_a_sequence_shorter_than_a_table_its_layer_adds_whole_names_the_table():
