@@ -29,7 +29,7 @@ from kdist.keras_internals import (
 from kdist.planning.attention import default_attention, forced_attention
 from kdist.planning.buffers import Rules, analyse
 from kdist.planning.timeline import Step
-from kdist.planning.trace import TRACE_BATCH, label_shape, loss_reads, trace_layer, trace_loss
+from kdist.planning.trace import TRACE_BATCH, Loop, label_shape, loss_reads, trace_layer, trace_loss
 from kdist.units import is_float, itemsize
 
 
@@ -274,15 +274,30 @@ class _Walk:
                 self.step.agenda.append(("opt", grads[id(v)]))
 
     def materialized_scores(self):
-        """Whether some traced call's matrix product made a (..., length, length) value: attention scores computed
-        by the layer. A product, not any value: a 128 x 128 image's convolution kernels end in (128, 128) too."""
-        s = self.sequence
-        return s > 1 and any(
-            prim == "dot_general" and p.flat.shape[out][-2:] == (s, s)
-            for p in self.programs.values()
-            for prim, _, outs in p.flat.eqns
-            for out in outs
-        )
+        """Whether some traced call computes attention itself: its forward multiplies two values computed from its
+        inputs over batch dimensions (q k^T, p v: full, windowed or reduced scores alike). Not a product with a
+        weight (a Dense's, an LSTM's), nor one over no batch dimension (a weight's gradient)."""
+        return any(_multiplies_activations(p) for p in self.programs.values())
+
+
+def _multiplies_activations(p):
+    """Whether program `p`'s forward has a batched matrix product of two values made from its inputs other than its
+    trainable weights (the model's own inputs included: a nested backbone's first layer reads them)."""
+    return _batched_product(p.flat, set(p.a) | set(p.c), p.n_fwd)
+
+
+def _batched_product(flat, made, end=None):
+    """Whether `flat` (up to equation `end`) multiplies two values of `made`, or values made from them, over batch
+    dimensions; in a loop that reads them every body input counts (RWKV's and a gated delta net's state updates)."""
+    for (prim, ins, outs), params in zip(flat.eqns[:end], flat.params):
+        if not made.intersection(ins):
+            continue
+        if prim == "dot_general" and len(ins) == 2 and params[1][0] and made.issuperset(ins):
+            return True
+        if isinstance(params, Loop) and _batched_product(params.body, set(params.ins)):
+            return True
+        made.update(outs)
+    return False
 
 
 def _config_key(op):

@@ -75,12 +75,76 @@ def _square_image_cnn(side, channels):
 
 @pytest.mark.parametrize("channels", [16, 24])
 def test_a_cnn_is_a_cnn_when_its_channels_equal_its_image_side(channels):
-    """Attention scores computed by a layer are found by their (..., length, length) shape; a 16 x 16 image's
-    (3, 3, 16, 16) kernel has that shape too, and is no attention (keras-hub's VGG and ResNet at 128 x 128 with 128
-    channels were banded as transformers)."""
-    model = kdist.abstract_model(lambda: _square_image_cnn(16, channels))
+    """A 16 x 16 image's (3, 3, 16, 16) kernel ends in (length, length), and is no attention (keras-hub's VGG and
+    ResNet at 128 x 128 with 128 channels were banded as transformers when scores were found by their shape)."""
+    assert _traced(lambda: _square_image_cnn(16, channels)) == ("cnn", "none")
+
+
+def _traced(build):
+    """(family, attention) of the traced step of `build()`."""
+    model = kdist.abstract_model(build)
     traced = trace_step(model, ModelFacts(model, "adam", None, None, None, resolve_target("gpu")).inputs)
-    assert traced.family == "cnn" and traced.attention == "none"
+    return traced.family, traced.attention
+
+
+def _tagger(width=16):
+    """A recurrent tagger whose width equals its 16 tokens: a Dense's weight gradient is (16, 16), no attention."""
+    tokens = keras.Input((16,), dtype="int32")
+    h = keras.layers.LSTM(width, return_sequences=True)(keras.layers.Embedding(50, width)(tokens))
+    return keras.Model(tokens, keras.layers.Dense(5)(keras.layers.Dense(width)(h)))
+
+
+class _WindowAttention(keras.layers.Layer):
+    """Attention within windows of 4 of the 16 tokens: its scores are (windows, 4, 4), not (16, 16) (Swin's shape)."""
+
+    def build(self, shape):
+        self.q, self.k = keras.layers.Dense(8), keras.layers.Dense(8)
+
+    def call(self, x):
+        windows = keras.ops.reshape(x, (-1, 4, x.shape[-1]))
+        scores = keras.ops.softmax(keras.ops.einsum("bqd,bkd->bqk", self.q(windows), self.k(windows)))
+        return keras.ops.reshape(keras.ops.einsum("bqk,bkd->bqd", scores, windows), (-1, 16, x.shape[-1]))
+
+
+def _windowed(nested=False):
+    images = keras.Input((16, 8))
+    if nested:  # a backbone inside the model, its attention reading the model's own input
+        return keras.Model(images, keras.layers.Dense(4)(keras.Model(images, _WindowAttention()(images))(images)))
+    return keras.Model(images, keras.layers.Dense(4)(_WindowAttention()(keras.layers.Dense(8)(images))))
+
+
+class _LinearAttention(keras.layers.Layer):
+    """A state updated by each token's outer product k v^T, in a loop (RWKV's and a gated delta net's shape)."""
+
+    def build(self, shape):
+        self.k, self.v = keras.layers.Dense(4), keras.layers.Dense(4)
+
+    def call(self, x):
+        def step(state, kv):
+            state = state + keras.ops.einsum("bi,bj->bij", *kv)
+            return state, keras.ops.einsum("bij,bj->bi", state, kv[1])
+
+        kv = [keras.ops.transpose(f(x), (1, 0, 2)) for f in (self.k, self.v)]
+        _, out = keras.ops.scan(step, keras.ops.zeros((keras.ops.shape(x)[0], 4, 4)), kv)
+        return keras.ops.transpose(out, (1, 0, 2))
+
+
+def _linear_attention():
+    tokens = keras.Input((16,), dtype="int32")
+    return keras.Model(tokens, keras.layers.Dense(5)(_LinearAttention()(keras.layers.Embedding(50, 8)(tokens))))
+
+
+@pytest.mark.parametrize(
+    "build, expected",
+    [(_tagger, ("other", "none")), (_windowed, ("transformer", "materialized"))]
+    + [(lambda: _windowed(nested=True), ("transformer", "materialized"))]
+    + [(_linear_attention, ("transformer", "materialized"))],
+    ids=["tagger", "windows", "nested windows", "linear attention"],
+)
+def test_attention_a_layer_computes_is_a_batched_product_of_two_activations(build, expected):
+    """Not a (length, length) shape: an LSTM tagger whose width is its length was banded a transformer, and windowed
+    attention (Swin) was found only through such an accidental product."""
+    assert _traced(build) == expected
 
 
 def test_a_tiny_bert_backbone_is_planned():
