@@ -364,8 +364,8 @@ def _overrun(model, sequence_length, shorter, fix=True):
     tables = "; ".join(
         f"layer {layer.name!r} ({type(layer).__name__}) holds positions for {n} tokens" for layer, n in shorter
     )
-    most = min(length for _, length in shorter)
-    advice = f" Pass sequence_length <= {most}, or build the model with longer position tables." if fix else ""
+    shortest = min(length for _, length in shorter)
+    advice = f" Pass sequence_length <= {shortest}, or build the model with longer position tables." if fix else ""
     return f"sequence_length={sequence_length} is longer than model {model.name!r} takes: {tables}.{advice}"
 
 
