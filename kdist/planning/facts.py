@@ -294,6 +294,13 @@ def _input_shapes(model, sequence_length):
             f"sequence_length names {sorted(set(sequence_length) - set(names))}, which model {model.name!r} has no "
             f"input called: its inputs are {names}."
         )
+    fixed = not any(None in t.shape[1:] for t in flat)
+    if is_int(sequence_length) and fixed and _fixed_sequence_length(flat) != sequence_length:
+        raise PlanError(
+            f"sequence_length={sequence_length} has nothing to set: every input of model {model.name!r} has a fixed "
+            f"shape ({', '.join(f'{t.name!r} {tuple(t.shape)}' for t in flat)}). Leave sequence_length out, or build "
+            "the model with the length you plan for."
+        )
     unnamed = [t.name for t in flat if None in t.shape[1:] and t.name not in sequence_length] if named else []
     if unnamed:
         raise PlanError(

@@ -43,6 +43,7 @@ CASES = [
     (plan(batch_size=8.5), PlanError, "batch_size", "8.5"),
     (plan(sequence_length=0), PlanError, "sequence_length must be a positive integer", "a dict", "received 0"),
     (plan(sequence_length="long"), PlanError, "sequence_length must be a positive integer", "received 'long'"),
+    (plan(sequence_length=64), PlanError, "sequence_length=64 has nothing to set", "fixed shape", "(None, 28, 28, 1)"),
     (plan(TWO_INPUTS), PlanError, "Input 'tokens'", "(None, None)", "pass sequence_length= (--seq-len)"),
     (plan(TWO_INPUTS, sequence_length={"token": 4}), PlanError, "names ['token']", "inputs are ['tokens', 'image']"),
     (plan(TWO_INPUTS, sequence_length={}), PlanError, "gives no length to input(s) ['tokens']", "add each name"),
@@ -81,6 +82,12 @@ CASES = [
     (lambda: kdist.preset("auto"), kdist.SpecError, "needs the model and the batch size", "batch_size=64"),
     (lambda: kdist.preset("auto", model=MODEL, batch_size=0), PlanError, "batch_size", "received 0"),
 ]
+
+
+def test_a_length_the_inputs_fix_is_taken_and_another_refused():
+    model = kdist.abstract_model(kdist.models.tiny_transformer)  # token ids of a fixed 32
+    assert kdist.plan(model, 2, batch_size=8, sequence_length=32).sequence_length == 32
+    raises_clearly(lambda: kdist.plan(model, 2, batch_size=8, sequence_length=64), PlanError, "nothing to set")
 
 
 def test_a_sequence_longer_than_a_learned_position_table_is_refused():
