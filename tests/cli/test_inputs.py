@@ -31,8 +31,10 @@ CASES = [
     (["plan", "mlp", "--devices", "8", "--batch-size", "8", "--seq-len", "0"], "expected an integer >= 1"),
     (["plan", "mlp", "--devices", "8", "--batch-size", "8", "--seq-len", "a=1,b"], "NAME=LENGTH pairs separated"),
     (["plan", "mlp", "--devices", "8", "--batch-size", "8", "--seq-len", "a=1x-2"], "got 'a=1x-2'"),
-    (["plan", "tiny-whisper", "--devices", "8", "--batch-size", "8", "--seq-len", "encoder_features=32"],
-     "gives no length to input(s) ['decoder_padding_mask', 'decoder_token_ids']"),
+    (
+        ["plan", "tiny-whisper", "--devices", "8", "--batch-size", "8", "--seq-len", "encoder_features=32"],
+        "gives no length to input(s) ['decoder_padding_mask', 'decoder_token_ids']",
+    ),
     (["sweep", "no-such-model"], "Unknown model 'no-such-model'"),
     (["sweep", "mlp", "--devices", "0"], "expected an integer >= 1"),
     (["sweep", "mlp", "--top", "2", "--meshes", "8x1"], "--top 2 picks the meshes from the plan"),
