@@ -854,8 +854,8 @@ def test_a_loops_stored_rows_fall_inside_the_bands_of_models_without_one():
 def test_inputs_of_different_lengths_are_planned_within_their_bands_but_t5s_fsdp_8():
     """`--mixed-lengths`: T5 and BART with 512 source and 128 target tokens, Whisper with 1000 frames and 128 tokens,
     SAM with a point, a box and an empty mask, each input's length given by name. BART and Whisper within 10% on every
-    mesh; T5 more than 5% under on seven meshes, fsdp=8 outside its band (XLA reduces the relative position bias's
-    score cotangents late); SAM over as ViTDet is (docs/plan.md, "Inputs of different lengths, held out")."""
+    mesh; T5 more than 5% under on seven meshes, fsdp=8 outside its band (one score-sized value under XLA's at its
+    peak); SAM over as ViTDet is (docs/plan.md, "Inputs of different lengths, held out")."""
     rows = _rows(MIXED_LENGTHS)
     assert len(rows) == 40 and {r["config"].split()[0] for r in rows} == {"t5", "bart", "whisper", "sam"}
     assert all(0.95 <= r["ratio"] <= 1.1 for r in rows if r["config"].split()[0] in ("bart", "whisper"))
