@@ -277,6 +277,11 @@ def check_sequence_length(sequence_length):
     )
 
 
+def unknown_dims(shape):
+    """The positions of an input's unknown dimensions after the batch: the ones `sequence_length` sets."""
+    return [i for i, d in enumerate(shape) if d is None and i > 0]
+
+
 def _input_shapes(model, sequence_length):
     """The model's input structure as ShapeDtypeStructs at batch TRACE_BATCH (None if it has no inputs).
 
@@ -294,14 +299,14 @@ def _input_shapes(model, sequence_length):
             f"sequence_length names {sorted(set(sequence_length) - set(names))}, which model {model.name!r} has no "
             f"input called: its inputs are {names}."
         )
-    fixed = not any(None in t.shape[1:] for t in flat)
+    fixed = not any(unknown_dims(t.shape) for t in flat)
     if is_int(sequence_length) and fixed and _fixed_sequence_length(flat) != sequence_length:
         raise PlanError(
             f"sequence_length={sequence_length} has nothing to set: every input of model {model.name!r} has a fixed "
             f"shape ({', '.join(f'{t.name!r} {tuple(t.shape)}' for t in flat)}). Leave sequence_length out, or build "
             "the model with the length you plan for."
         )
-    unnamed = [t.name for t in flat if None in t.shape[1:] and t.name not in sequence_length] if named else []
+    unnamed = [t.name for t in flat if unknown_dims(t.shape) and t.name not in sequence_length] if named else []
     if unnamed:
         raise PlanError(
             f"sequence_length={shown(sequence_length)} gives no length to input(s) {unnamed} of model "
@@ -329,7 +334,7 @@ def _input_shapes(model, sequence_length):
 
     def struct(t):
         dims = list(t.shape)
-        unknown = [i for i, d in enumerate(dims) if d is None and i > 0]
+        unknown = unknown_dims(dims)
         if named and t.name in sequence_length and not unknown:
             raise PlanError(
                 f"sequence_length names input {t.name!r} of model {model.name!r}, whose shape {tuple(t.shape)} has "
@@ -380,6 +385,8 @@ def _position_table_hint(model, sequence_length):
     """For a failed trace: the learned position tables the traced lengths may not fit (a layer may add its whole
     table, or take no more positions than it holds)."""
     tables = list(_position_layers(model))
+    if sequence_length is None:
+        return ""
     if isinstance(sequence_length, dict):
         held = ", ".join(f"{layer.name!r} ({type(layer).__name__}) {length}" for layer, length in tables)
         return (
@@ -393,7 +400,7 @@ def _position_table_hint(model, sequence_length):
         f" Layer {layer.name!r} ({type(layer).__name__}) holds positions for {length} tokens and the step was "
         f"traced with sequence_length={sequence_length}: if it adds its whole table, pass sequence_length={length}."
         for layer, length in tables
-        if sequence_length is not None and length > sequence_length
+        if length > sequence_length
     )
 
 

@@ -7,6 +7,7 @@ from kdist.abstract import abstract_model
 from kdist.checks import is_int, shown
 from kdist.errors import ArgumentError, PlanError, cause
 from kdist.keras_internals import input_struct
+from kdist.planning.facts import unknown_dims
 from kdist.planning.planner import plan
 
 
@@ -50,11 +51,12 @@ def data_lengths(model, x):
     if struct is None or x is None:
         return None
     inputs, arrays = keras.tree.flatten(struct), keras.tree.flatten(x)
-    if len(inputs) != len(arrays) or (isinstance(struct, dict) and set(struct) != set(getattr(x, "keys", list)())):
+    by_name = isinstance(struct, dict)
+    if len(inputs) != len(arrays) or by_name and not (isinstance(x, dict) and set(x) == set(struct)):
         return None
     lengths = {}
     for t, array in zip(inputs, arrays):
-        unknown = [i for i, d in enumerate(t.shape) if d is None and i > 0]
+        unknown = unknown_dims(t.shape)
         if unknown and len(np.shape(array)) == len(t.shape):
             lengths[t.name] = tuple(int(np.shape(array)[i]) for i in unknown)
     return lengths or None
