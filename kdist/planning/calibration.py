@@ -160,7 +160,7 @@ SOFT_CAP_RESULTS = (
     "benchmarks/results/planner_vs_deviceless_families_4.json",
     "benchmarks/results/planner_vs_deviceless_families_16.json",
 )
-SOFT_CAP_HIGH = 1.42
+SOFT_CAP_HIGH = 1.30
 
 # 16-bit compute (a mixed_bfloat16 policy, a bfloat16 or float16 model, `dtype="bfloat16"`): XLA:GPU's figure / the
 # estimate was at most MIXED_PRECISION_HIGH on MIXED_PRECISION_RESULTS (eight families in mixed_bfloat16 on every mesh

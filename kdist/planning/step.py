@@ -28,6 +28,7 @@ from kdist.keras_internals import (
 )
 from kdist.planning.attention import default_attention, forced_attention
 from kdist.planning.buffers import Rules, analyse
+from kdist.planning.layouts import copy_operands
 from kdist.planning.timeline import Step
 from kdist.planning.trace import TRACE_BATCH, Loop, label_shape, loss_reads, trace_layer, trace_loss
 from kdist.units import is_float, itemsize
@@ -170,7 +171,7 @@ class _Walk:
 
     def program(self, key, make):
         if key not in self.cache:
-            self.cache[key] = make()
+            self.cache[key] = copy_operands(make()) if self.platform == "gpu" else make()
         p = self.programs[key] = self.cache[key]
         if key not in self.analysed:
             analyse(p, self.rules)

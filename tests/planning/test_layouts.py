@@ -1,0 +1,87 @@
+"""XLA:GPU's layouts for batched matrix products: which values are written once more, in another order, and where."""
+
+import jax
+import jax.numpy as jnp
+
+from kdist.planning import buffers, layouts, trace
+
+B, T, K, G, H = 3, 16, 2, 4, 8
+QUERIES = jax.ShapeDtypeStruct((B, T, K, G, H), jnp.float32)
+KEYS = jax.ShapeDtypeStruct((B, T, K, H), jnp.float32)
+SCORES = B * K * G * T * T * 4  # bytes
+
+
+def _grouped_attention(scores):
+    """Gemma's grouped attention with its scores in `scores` order ("bkgts" or "bktgs"), traced forward and
+    backward."""
+
+    def fn(trainable, diff, const):
+        q, k, v = diff
+        p = jax.nn.softmax(jnp.einsum(f"btkgh,bskh->{scores}", q, k), axis=-1)
+        return [jnp.einsum(f"{scores},bskh->btkgh", p, v)]
+
+    return trace.trace_program(fn, [], [], [QUERIES, KEYS, KEYS])
+
+
+def _written_again(before, after):
+    """The equations of `after` that `before` did not have, by (index in `after`, equation)."""
+    old = {(prim, tuple(outs)) for prim, _, outs in before}
+    return [(i, e) for i, e in enumerate(after) if (e[0], tuple(e[2])) not in old]
+
+
+def test_gemmas_score_gradient_is_written_in_each_order_its_two_products_read():
+    """ "bkgts" puts the groups before the queries: the backward's two products read the scores' gradient in two
+    orders, neither its own; XLA writes it in both, from one kernel."""
+    p = _grouped_attention("bkgts")
+    before = list(p.flat.eqns)
+    layouts.copy_operands(p)
+    added = _written_again(before, p.flat.eqns)
+    assert [e[0] for _, e in added] == ["mul", "transpose"]  # the gradient's equation again, then its new order
+    (i, again), (_, transposed) = added
+    source = p.flat.eqns[i - 1]  # right after the equation that makes the gradient, the same computation
+    assert source[0] == again[0] and source[1] == again[1] and p.flat.size[again[2][0]] == SCORES
+    assert i - 1 >= p.n_fwd  # in the backward, where both are made
+    products = [ins for prim, ins, _ in p.flat.eqns[p.n_fwd :] if prim == "dot_general"]
+    assert sum(transposed[2][0] in ins for ins in products) == 1
+
+
+def test_scores_in_the_queries_order_are_read_in_place():
+    p = _grouped_attention("bktgs")
+    before = list(p.flat.eqns)
+    assert _written_again(before, layouts.copy_operands(p).flat.eqns) == []
+
+
+def test_products_without_batch_dimensions_and_matrices_read_transposed_are_left_alone():
+    """A product over two contracted dimensions that are not adjacent (an MoE expert's gradient) is left to the
+    fusion rules; a matrix read transposed needs no other order (cuBLAS reads either run first)."""
+
+    def experts(trainable, diff, const):
+        h = jnp.tanh(diff[0])  # (experts, tokens, width)
+        return [jnp.einsum("etw,ewd->td", h, const[0]), jnp.einsum("etw,td->ew", h, const[1])]
+
+    tokens = jax.ShapeDtypeStruct((4, 32, 8), jnp.float32)
+    weights = [jax.ShapeDtypeStruct((4, 8, 6), jnp.float32), jax.ShapeDtypeStruct((32, 6), jnp.float32)]
+
+    def transposed(trainable, diff, const):
+        return [jnp.tanh(diff[0]) @ jnp.swapaxes(jnp.tanh(diff[1]), -1, -2)]
+
+    matrices = jax.ShapeDtypeStruct((B, T, H), jnp.float32)
+    programs = (
+        trace.trace_program(experts, [], weights, [tokens]),
+        trace.trace_program(transposed, [], [], [matrices] * 2),
+    )
+    for p in programs:
+        before = list(p.flat.eqns)
+        assert _written_again(before, layouts.copy_operands(p).flat.eqns) == []
+
+
+def test_the_orders_are_added_once_and_keep_the_program_whole():
+    p = layouts.copy_operands(_grouped_attention("bkgts"))
+    n, n_fwd = len(p.flat.eqns), p.n_fwd
+    assert len(layouts.copy_operands(p).flat.eqns) == n and p.n_fwd == n_fwd
+    assert len(p.flat.scopes) == len(p.flat.params) == len(p.flat.flops) == n
+    producer = {o: i for i, (_, _, outs) in enumerate(p.flat.eqns) for o in outs}
+    assert all(producer.get(x, -1) < i for i, (_, ins, _) in enumerate(p.flat.eqns) for x in ins)  # made, then read
+    buffers.analyse(p, buffers.Rules())
+    written = [outs[0] for prim, _, outs in p.flat.eqns[p.n_fwd :] if p.flat.size[outs[0]] == SCORES]
+    assert sum(p.mat[x] for x in written) >= 3  # the probabilities' gradient and the scores' in two orders
