@@ -19,6 +19,7 @@ import numpy as np
 
 from kdist.meshes.layout import shard_bytes, split_by
 from kdist.planning import comm, model_splits
+from kdist.planning.branches import with_deferred_branches
 from kdist.planning.timeline import TERMS
 from kdist.planning.trace import TRACE_BATCH
 from kdist.units import is_float, itemsize
@@ -130,7 +131,12 @@ def memory_terms(facts, rows, axes, batch_size):
             return curves | {"gathered": curves["gathered"] + copies}
 
         ordered = reduction_order_lasts(traced.step, factor, axes)
-        curves = swept(scheduler_lasts(traced.step, ordered, axes))
+        last = scheduler_lasts(traced.step, ordered, axes)
+        curves = swept(last)
+        if collectives_overlap(traced.step, axes):  # the scheduler may run a branch of the backward late
+            curves = with_deferred_branches(
+                traced.step, curves, factor, merged_gemm_lasts(traced.step, last, factor, axes)
+            )
         t = int(sum(curves.values()).argmax())
         live = {term: int(curves[term][t]) for term in TERMS} | {"workspace": 0}
         in_order = curves  # the trace's order: without collectives no scheduler reorders it, `last` is that already

@@ -476,8 +476,8 @@ def test_four_untried_backbones_are_in_their_bands_and_under_only_where_the_limi
 def test_ten_more_backbones_keep_their_language_models_within_11_percent_and_are_under_only_where_the_docs_say():
     """The ten keras-hub backbones of `--more-backbones` on every mesh of 8: the two language models within 10%
     everywhere but Moonshine's model=8 (1.101); more than 5% under only on VideoPrism's and SegFormer's model=8
-    (outside their bands), DeepLabV3's batch-split meshes (its backward copies the upsampled logits' cotangent
-    transposed), BASNet's data=8 and PARSeq's data=2,fsdp=4; DeepLabV3's model axes, 3.3-4.1x XLA's figure while the
+    (SegFormer's outside its band), DeepLabV3's batch-split meshes (its backward copies the upsampled logits'
+    cotangent transposed) and BASNet's data=8; DeepLabV3's model axes, 3.3-4.1x XLA's figure while the
     logits' channel split was lost at a transposed view, within 14%; the rows above their band's top are meshes with
     fsdp of DepthAnything, RetinaNet and BASNet, and DepthAnything's data=8 (docs/plan.md, "Ten more backbones")."""
     rows = _rows(MORE_BACKBONES)
@@ -490,10 +490,10 @@ def test_ten_more_backbones_keep_their_language_models_within_11_percent_and_are
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
     deeplab = {"data=8", "data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8", "data=2,fsdp=2,model=2"}
     assert under == {("videoprism", "model=8"), ("segformer", "model=8"), ("basnet", "data=8")} | {
-        ("parseq", "data=2,fsdp=4")
-    } | {("deeplabv3", m) for m in deeplab}
+        ("deeplabv3", m) for m in deeplab
+    }
     below = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"] and r["ratio"] < 1}
-    assert below == {("videoprism", "model=8"), ("segformer", "model=8")} | {
+    assert below == {("segformer", "model=8")} | {
         ("deeplabv3", m) for m in ("data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8")
     }
     above = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"] and r["ratio"] > 1}
@@ -542,18 +542,16 @@ def test_at_64_tokens_only_xlm_robertas_model_8_is_above_its_bands_top():
     assert {r["config"].split()[0] for r in rows} == {"llama3", "xlm_roberta", "t5", "bart"} and len(rows) == 40
     assert _above_the_band_top(rows) == {("xlm_roberta", "model=8")}
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
-    assert {family for family, _ in under} == {"t5", "xlm_roberta", "bart"} and len(under) == 7
+    assert {family for family, _ in under} == {"t5", "xlm_roberta"} and len(under) == 6
 
 
 def test_two_families_never_compiled_before_stay_under_the_top_of_their_band():
-    """RoFormerV2 and Whisper (`--families-unseen`): Whisper's model=8 is 0.934, 0.05% above the model-axis class's
-    top, where XLA's heap fragmentation weighs, and inside the band with the cuBLAS workspace; its fsdp=2,model=4
-    0.926 since the copies gathered again are counted split (docs/plan.md, "Two families never compiled before")."""
+    """RoFormerV2 and Whisper (`--families-unseen`): Whisper's model=8 is 0.944, inside the model-axis class's band
+    since the branches of its backward may run late, its fsdp=2,model=4 0.926 since the copies gathered again are
+    counted split (docs/plan.md, "Two families never compiled before")."""
     rows = _rows(FAMILIES_UNSEEN)
     assert {r["config"].split()[0] for r in rows} == {"roformer_v2", "whisper"} and len(rows) == 20
     assert not _above_the_band_top(rows)
-    whisper8 = next(r for r in rows if r["config"].startswith("whisper") and r["mesh"] == "model=8")
-    assert whisper8["xla_gpu_deviceless"] / whisper8["estimate"] > band_class({"model": 8}, "transformer")[0].high
     assert all(r["estimate"] >= 0.92 * r["xla_gpu_deviceless"] for r in rows)
     assert not any(_more_than_5_percent_under(r) for r in rows if "model" not in r["mesh"])
 
@@ -853,13 +851,18 @@ def test_a_loops_stored_rows_fall_inside_the_bands_of_models_without_one():
 
 def test_inputs_of_different_lengths_are_planned_within_their_bands_but_t5s_fsdp_8():
     """`--mixed-lengths`: T5 and BART with 512 source and 128 target tokens, Whisper with 1000 frames and 128 tokens,
-    SAM with a point, a box and an empty mask, each input's length given by name. BART and Whisper within 10% on every
-    mesh; T5 more than 5% under on seven meshes, fsdp=8 outside its band (one score-sized value under XLA's at its
-    peak); SAM over as ViTDet is (docs/plan.md, "Inputs of different lengths, held out")."""
+    SAM with a point, a box and an empty mask, each input's length given by name. Every row in its band; Whisper within
+    10% on every mesh, BART but on two model-axis meshes (up to 1.121); T5 more than 5% under on fsdp=8 and
+    fsdp=4,model=2 (0.929, 0.948: seven meshes before the decoder's query path was let run beside the encoder's
+    backward); SAM over as ViTDet is (docs/plan.md, "Inputs of different lengths, held out")."""
     rows = _rows(MIXED_LENGTHS)
     assert len(rows) == 40 and {r["config"].split()[0] for r in rows} == {"t5", "bart", "whisper", "sam"}
-    assert all(0.95 <= r["ratio"] <= 1.1 for r in rows if r["config"].split()[0] in ("bart", "whisper"))
+    assert all(0.95 <= r["ratio"] <= 1.1 for r in rows if r["config"].startswith("whisper"))
+    over = {r["mesh"] for r in rows if r["config"].startswith("bart") and r["ratio"] > 1.1}
+    assert over == {"data=4,model=2", "fsdp=4,model=2"} and all(
+        r["ratio"] < 1.13 for r in rows if "bart" in r["config"]
+    )
     assert all(r["ratio"] > 1 for r in rows if r["config"].startswith("sam"))
-    under = {r["mesh"] for r in rows if _more_than_5_percent_under(r)}
-    assert {r["config"].split()[0] for r in rows if _more_than_5_percent_under(r)} == {"t5"} and len(under) == 7
-    assert [(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"]] == [("t5", "fsdp=8")]
+    under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
+    assert under == {("t5", "fsdp=8"), ("t5", "fsdp=4,model=2")}
+    assert all(r["in_band"] for r in rows)
