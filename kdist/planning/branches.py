@@ -10,8 +10,8 @@ have to, and in T5's fsdp=8 compile it runs the query gradient among the
 encoder's backward, so what that branch reads (the scores' gradient, the
 keys) is alive beside the encoder's backward (docs/plan.md, "Branches of the
 backward"). Branches that meet again at a sum (a parallel attention and MLP,
-a residual shortcut) are left to the trace's order: XLA was not seen
-deferring them.
+a residual shortcut) are left to the trace's order: XLA's figures do not
+show it deferring them.
 """
 
 import numpy as np

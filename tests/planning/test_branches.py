@@ -96,7 +96,8 @@ def test_the_branch_traced_first_keeps_what_it_reads_while_the_other_branch_runs
 @pytest.mark.parametrize("build", [_chain, _parallel])
 def test_a_chain_of_layers_and_branches_that_meet_again_are_left_in_the_traces_order(build):
     """Each kernel of a stack's backward needs the one before it (weight gradients aside); two branches that meet
-    again at a sum are left to the trace's order (XLA was not seen deferring them): nothing is kept longer."""
+    again at a sum are left to the trace's order (XLA's figures do not show it deferring them): nothing is
+    kept longer."""
     step = _step(build)
     curves, factor, last = _swept(step)
     deferred = branches.with_deferred_branches(step, curves, factor, last)
