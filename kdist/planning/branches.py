@@ -37,8 +37,9 @@ def with_deferred_branches(step, curves, factor, last):
             np.add.at(change, freed[chosen], sizes[read[chosen]])
             change[y1 + 1] -= sizes[read[chosen]].sum()
             kept[term] = np.cumsum(change)[:n]
-        more = sum(kept.values()) > worst
-        worst = np.where(more, sum(kept.values()), worst)
+        total = sum(kept.values())
+        more = total > worst
+        worst = np.where(more, total, worst)
         for term in curves:
             extra[term] = np.where(more, kept[term], extra[term])
     return {term: curve + extra[term] for term, curve in curves.items()}
@@ -67,7 +68,7 @@ def _forks(step, start):
         if found:
             parents[w] = found
     passing = {w for w in parents if chain[step.events[w][0]].any()}
-    passes = sorted({p for w in passing for p in parents[w] if p in parents})  # kernels of the branches
+    passes = {p for w in passing for p in parents[w] if p in parents}  # kernels of the branches
     ancestry, descent = {}, {u: 1 << u for u in range(start, n)}  # bitsets of events, the event included
     for w in range(start, n):
         ancestry[w] = 1 << w
@@ -85,7 +86,7 @@ def _forks(step, start):
     independent = sum(1 << u for u in passes)
     products = sum(1 << u for u in passes if step.event_gemms[u])
     groups = {}  # (y0, y1) -> the branch's kernels
-    for u in passes:
+    for u in sorted(passes):
         later = independent & ~descent[u] & ~((1 << (u + 1)) - 1)
         if later and not met >> u & 1 and descent[u] & products:
             window = ((later & -later).bit_length() - 1, later.bit_length() - 1)

@@ -126,22 +126,21 @@ def memory_terms(facts, rows, axes, batch_size):
     else:
         factor, copies = regathered(facts, rows, axes, buffer_factors(facts, rows, axes, local_batch))
 
-        def swept(last):  # live bytes per term after each event, the copies gathered again among the gathered
-            curves = traced.step.sweep(factor, merged_gemm_lasts(traced.step, last, factor, axes))
+        def swept(last, deferred=False):  # live bytes per term after each event, the copies gathered again among
+            # the gathered; `deferred`: with a branch of the backward run late where that costs most
+            last = merged_gemm_lasts(traced.step, last, factor, axes)
+            curves = traced.step.sweep(factor, last)
+            if deferred:
+                curves = with_deferred_branches(traced.step, curves, factor, last)
             return curves | {"gathered": curves["gathered"] + copies}
 
+        overlap = collectives_overlap(traced.step, axes)  # XLA's scheduler reorders the step
         ordered = reduction_order_lasts(traced.step, factor, axes)
-        last = scheduler_lasts(traced.step, ordered, axes)
-        curves = swept(last)
-        if collectives_overlap(traced.step, axes):  # the scheduler may run a branch of the backward late
-            curves = with_deferred_branches(
-                traced.step, curves, factor, merged_gemm_lasts(traced.step, last, factor, axes)
-            )
+        curves = swept(scheduler_lasts(traced.step, ordered, axes), deferred=overlap)
         t = int(sum(curves.values()).argmax())
         live = {term: int(curves[term][t]) for term in TERMS} | {"workspace": 0}
-        in_order = curves  # the trace's order: without collectives no scheduler reorders it, `last` is that already
-        if collectives_overlap(traced.step, axes):
-            in_order = swept(ordered)
+        # the trace's order: without collectives no scheduler reorders it, and `curves` is that already
+        in_order = swept(ordered) if overlap else curves
         at_gemm = workspace_peak(traced.step, in_order)
         if at_gemm is not None and sum(at_gemm[1].values()) > sum(live.values()):
             t, live = at_gemm
