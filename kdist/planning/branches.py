@@ -52,10 +52,9 @@ def forks(step):
     kernels meet the others' at a later kernel (one reading from both) is none. Dependencies run through the
     values kernels pass on (`CHAIN_TERMS`), not through weight gradients, nor through a value only a gradient's
     kernel reads (a 16-bit weight gradient before its cast, a norm's partial sums). Computed once per step."""
-    cached = getattr(step, "_forks", None)
-    if cached is None:
-        cached = step._forks = {} if step.bwd_start is None else _forks(step, step.bwd_start)
-    return cached
+    if step._forks is None:  # the step's cache, emptied when its events are written
+        step._forks = {} if step.bwd_start is None else _forks(step, step.bwd_start)
+    return step._forks
 
 
 def _forks(step, start):

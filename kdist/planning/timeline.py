@@ -45,7 +45,8 @@ class Step:
         self.overlapped = {}
         self.relu_outputs = set()  # layer outputs made by a max with a constant: a ReLU's (`_max_pool_gradient`)
         self.unpartitioned = set()  # whole copies XLA makes on a mesh of several devices (`_fft_copies`)
-        self._life = self._gradient_kernels = None
+        # caches of what the events give: `lifetimes`, `gradient_kernels`, `branches.forks`
+        self._life = self._gradient_kernels = self._forks = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
         # shapes of the operation it runs (and its kind, for `gradient_kernels`); per variable: the events using
         # it and its final gradient buffer.
@@ -198,7 +199,7 @@ class Step:
                     self.final_grads.append((self.weight_of[item[1]], item[1], len(self.events) - 1))
         self._add_gathers(remat, gather_itemsize)
         self._add_unreduced()
-        self._life = self._gradient_kernels = None
+        self._life = self._gradient_kernels = self._forks = None
 
     def _max_pool_gradient(self, made, shape, pooled, forward_start):
         """The extra buffers of a max pool's gradient: its pooled cotangent, of `shape`, scattered into `made`,
