@@ -12,6 +12,8 @@ source of each rule.
 import dataclasses
 import math
 
+from kdist.planning import weight_reads
+from kdist.planning.column_reductions import side_outputs
 from kdist.units import HALF_FLOATS
 
 # Operations XLA fuses into their readers (loop fusion); their outputs are buffers only when needed.
@@ -48,6 +50,10 @@ ALIASES = frozenset("reshape squeeze expand_dims transpose".split())  # bitcasts
 # Kernels XLA runs in place over their first operand when it is read for the last time (HloDataflowAnalysis's
 # CanShareOperandBufferWithUser): an embedding's gradient is scattered into its zeros, not into a second table.
 IN_PLACE_KERNELS = frozenset("scatter scatter-add scatter-sub scatter-mul scatter-min scatter-max".split())
+# XLA:GPU takes a max pool's gradient as a reduce-window that finds each window's maximum again and a scatter, both
+# fusions, which compute the pool's input from its roots (a padded normalization's output is not written out) unless
+# it is a ReLU's output: that one is kept (docs/plan.md, "Max pools").
+POOL_GRADIENT = "select_and_scatter_add"
 # Everything else (dot_general, conv, custom calls, scatter, sort, loops, collectives) is a kernel of its own.
 
 
@@ -114,6 +120,7 @@ def analyse(p, rules):
     `in_readers` (per input), `weight_copy` (buffers that are copies of one
     weight: mixed precision's casts, gradients), `lookups` (weights and
     casts only an embedding lookup reads), `merged` (forward GEMMs XLA merges),
+    `side_outputs` (values a small column reduction writes out, `column_reductions`),
     `zero_grads`, `kinds`, `producer_index`.
     """
     f = p.flat
@@ -159,10 +166,14 @@ def analyse(p, rules):
                 normalized = _normalized_operands(used, f, producer, kinds, roots, reach)
                 in_place = tuple(r for r in used if r not in normalized)
             kernels.append((i, made, maybe, used, in_place))
-    p.in_needs_buffer, p.in_readers = {}, {}
+    p.in_needs_buffer, p.in_readers, p.pooled = {}, {}, set()
     for x in external:
         readers = readers_of(x)
-        p.in_needs_buffer[x] = any(kinds[r] == "kernel" and f.eqns[r][0] != "broadcast_in_dim" for r in readers)
+        p.in_needs_buffer[x] = any(
+            kinds[r] == "kernel" and f.eqns[r][0] not in (POOL_GRADIENT, "broadcast_in_dim") for r in readers
+        )
+        if any(f.eqns[r][0] == POOL_GRADIENT for r in readers):
+            p.pooled.add(x)
         p.in_readers[x] = len(reach[x])
     p.out_info = {}
     for o in list(p.out) + list(p.ga):
@@ -179,7 +190,7 @@ def analyse(p, rules):
         else:
             mat[o] = True  # computed from several buffers: cannot be a bitcast of one
             p.out_info[o] = ("buffer", None)
-    weight_copy = _weight_copies(p, f, kinds, mat)
+    weight_copy = weight_reads.weight_copies(p, f, kinds, mat)
     p.zero_grads = set()
     for g in p.gw:
         i = producer[g]
@@ -190,8 +201,9 @@ def analyse(p, rules):
         (i, [o for o in made if o not in p.zero_grads], maybe, used, ip) for i, made, maybe, used, ip in kernels
     ]
     p.weight_copy = {**weight_copy, **dict(zip(p.gw, p.w))}
-    p.lookups = _lookups(f, set(p.w) | set(p.c), readers_of)
+    p.lookups = weight_reads.lookups(f, set(p.w) | set(p.c), readers_of)
     p.mat, p.roots, p.kinds = mat, roots, kinds
+    p.side_outputs = side_outputs(p, producer, kinds, status, reach) if rules.platform == "gpu" else []
     p.merged = _merged_gemms(p, mat, producer, consumers)
     p.producer_index = {x: i for x, i in enumerate(producer) if i is not None}
     return p
@@ -263,7 +275,8 @@ def _status(x, p, f, producer, kinds, readers_of, external, always, conditional,
     if kinds[i] in ("kernel", "reduction") or x in always:
         return "mat"
     readers, prim = readers_of(x), f.eqns[i][0]
-    kernel_readers = [r for r in readers if kinds[r] == "kernel"]
+    relu = prim == "max" and len(f.eqns[i][1]) == 1
+    kernel_readers = [r for r in readers if kinds[r] == "kernel" and (relu or f.eqns[r][0] != POOL_GRADIENT)]
     broadcast_read_in_place = (
         rules.broadcast_into_gemm
         and prim == "broadcast_in_dim"
@@ -407,44 +420,3 @@ def _as_it_is(x, f, producer):
             return x
         x = arrays[0]
     return x
-
-
-def _lookups(f, weights, readers_of):
-    """Weights (and their casts) that only gathers read: XLA's SPMD partitioner gathers from the table's shard.
-
-    An embedding lookup on a table split over fsdp is a gather on each
-    device's shard, masked, and a reduction of the looked-up rows: the table
-    is never all-gathered for it (`Step._add_gathers` skips those reads).
-    """
-    memo = {}
-
-    def only_gathered(x):
-        if x not in memo:
-            readers = readers_of(x)
-            memo[x] = bool(readers) and all(
-                f.eqns[i][0] == "gather"
-                or (f.eqns[i][0] == "convert_element_type" and all(only_gathered(o) for o in f.eqns[i][2]))
-                for i in readers
-            )
-        return memo[x]
-
-    for w in weights:
-        only_gathered(w)
-    return {x for x, ok in memo.items() if ok}
-
-
-def _weight_copies(p, f, kinds, mat):
-    """Buffers that are elementwise copies of one weight (the compute-dtype cast of mixed precision)."""
-    weights = set(p.w) | set(p.c)
-    source = {w: w for w in weights}
-    for i, (_, ins, outs) in enumerate(f.eqns):
-        if kinds[i] not in ("elementwise", "alias"):
-            continue
-        sources = {source[x] for x in ins if x in source}
-        big = [x for x in ins if f.size[x] > 64 and x not in source]
-        if len(sources) == 1 and not big:
-            w = next(iter(sources))
-            for o in outs:
-                if math.prod(f.shape[o]) == math.prod(f.shape[w]):  # a cast or bitcast, not a broadcast
-                    source[o] = w
-    return {x: w for x, w in source.items() if x not in weights and mat[x]}

@@ -20,6 +20,7 @@ import numpy as np
 from kdist.meshes.layout import shard_bytes, split_by
 from kdist.planning import comm, model_splits
 from kdist.planning.branches import with_deferred_branches
+from kdist.planning.column_reductions import FEWEST_ROWS, RACE_FREE_COLUMNS
 from kdist.planning.timeline import TERMS
 from kdist.planning.trace import TRACE_BATCH
 from kdist.units import is_float, itemsize
@@ -333,6 +334,9 @@ def buffer_factors(facts, rows, axes, local_batch):
       layouts through the step (`kdist.planning.model_splits`): / its size;
     - a whole copy XLA's partitioner makes (an FFT's, `Step.unpartitioned`):
       the global batch on a mesh of several devices, 0 on one;
+    - a column reduction's side output (`Step.column_rows`): 0 where the
+      device's rows are more than `column_reductions.RACE_FREE_COLUMNS` or
+      fewer than `FEWEST_ROWS`;
     - with `dtype=`: float buffers in that dtype.
     """
     static = _static(facts)
@@ -350,6 +354,8 @@ def buffer_factors(facts, rows, axes, local_batch):
     out = np.where((static["overlapped"] >= 0) & (static["overlapped"] != early), 0.0, out)
     whole = np.where(static["batch"], local_batch * axes.get("data", 1) * axes.get("fsdp", 1) / TRACE_BATCH, 1.0)
     out = np.where(static["unpartitioned"], whole if math.prod(axes.values()) > 1 else 0.0, out)
+    rows = static["column_rows"] * local_batch  # a column reduction's side output: written for some row counts
+    out = np.where((rows > 0) & ((rows > RACE_FREE_COLUMNS) | (rows < FEWEST_ROWS)), 0.0, out)
     if facts.dtype is not None:
         out = out * np.where(static["floating"], itemsize(facts.dtype) / static["itemsize"], 1.0)
     return out
@@ -380,6 +386,7 @@ def _static(facts):
         "overlapped": np.array([int(step.overlapped[g][0]) if g in step.overlapped else -1 for g in range(n)]),
         "overlapped_before": np.array([step.overlapped[g][1] if g in step.overlapped else -1 for g in range(n)]),
         "unpartitioned": np.isin(np.arange(n), list(step.unpartitioned)),
+        "column_rows": np.array([step.column_rows.get(g, 0) for g in range(n)]),
     }
     return facts._buffer_static
 

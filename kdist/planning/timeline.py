@@ -11,10 +11,9 @@ are at the traced batch; a per-candidate factor per buffer rescales them.
 XLA's latency-hiding scheduler may reorder (`memory_model.scheduler_lasts`).
 """
 
-import math
-
 import numpy as np
 
+from kdist.planning import convolutions
 from kdist.planning.buffers import fuse_into_readers
 from kdist.planning.trace import TRACE_BATCH
 
@@ -39,12 +38,14 @@ class Step:
         self.sublayer_spans = []  # (first, last event, key) of each sublayer's backward run: `_extend_span`
         self.looked_up = {}  # weight (or cast) -> whether every call reading it only looks rows up: no FSDP gather
         self.merged = []  # (shared input, outputs, biased sums) of a call's GEMMs XLA may merge: `Program.merged`
-        self.derived = {}  # buffer -> the buffer whose model-axis split it takes (`_max_pool_gradient`)
+        self.derived = {}  # buffer -> the buffer whose model-axis split it takes (`convolutions.max_pool_gradient`)
         # buffer -> (early, event): an early buffer exists only where a collective runs in the backward before
-        # `event` for it to overlap, a late one only where none does (`_max_pool_gradient`)
+        # `event` for it to overlap, a late one only where none does (`convolutions.max_pool_gradient`)
         self.overlapped = {}
-        self.relu_outputs = set()  # layer outputs made by a max with a constant: a ReLU's (`_max_pool_gradient`)
+        self.relu_outputs = set()  # layer outputs made by a max with a constant, a ReLU's (`convolutions`)
         self.unpartitioned = set()  # whole copies XLA makes on a mesh of several devices (`_fft_copies`)
+        self.column_rows = {}  # a column reduction's side output -> rows it sums per example (`column_reductions`)
+        self.conv_kernels = {}  # variable -> [the weight a forward convolution reads, events reading it or a copy]
         # caches of what the events give: `lifetimes`, `gradient_kernels`, `branches.forks`
         self._life = self._gradient_kernels = self._forks = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
@@ -85,6 +86,10 @@ class Step:
             else:
                 t = "activations" if _made_forward(p, x) else "backward"
             mapping[x] = self.new(f.size[x], f.shape[x], t, f.dtype[x])
+        for v, _, _, rows in p.side_outputs:  # written out on meshes where its reduction is one kernel
+            g = mapping[("side", v)] = self.new(f.size[v], f.shape[v], "activations", f.dtype[v])
+            self.column_rows[g] = rows
+            self.derived.update((g, mapping[r]) for r in p.roots[v] if f.shape[r] == f.shape[v])
         for o in p.gw:
             if o in p.zero_grads:
                 mapping[o] = None
@@ -132,6 +137,7 @@ class Step:
             readers = self.readers.get(g, [])
             n_read = internal + sum(p.in_readers[x] for (p, _), x in readers)
             needs = g in self.forced or any(p.in_needs_buffer[x] for (p, _), x in readers)
+            needs = needs or (g in self.relu_outputs and any(x in p.pooled for (p, _), x in readers))
             needs = needs or (expensive and n_read > 1)
             p, mapping = inst
             if not needs and self.rules.bandwidth_fusion:
@@ -156,6 +162,7 @@ class Step:
         self.event_flops, self.event_dtype, self.event_shapes, self.event_kinds = [], [], [], []
         self.event_gemms = []
         self.final_grads = []
+        self.conv_kernels = {}
         self.sublayer_spans = []
         forward_start = {}  # per call (its mapping): the first event of its forward run
         for item in self.agenda:
@@ -172,11 +179,13 @@ class Step:
                     pooled = zeros = ()
                     if backward and p.flat.eqns[i][0] == "select_and_scatter_add":
                         cotangent, operand = p.flat.eqns[i][1][:2]
-                        made, pooled, zeros = self._max_pool_gradient(
-                            made, p.flat.shape[cotangent], mapping.get(operand), forward_start[id(mapping)]
+                        made, pooled, zeros = convolutions.max_pool_gradient(
+                            self, made, p.flat.shape[cotangent], mapping.get(operand), forward_start[id(mapping)]
                         )
+                    made += [mapping[("side", v)] for v, reduction, _, _ in p.side_outputs if reduction == i]
                     if made or p.kinds[i] == "kernel":
                         read = tuple({r for x in used for r in self._expand(mapping[x], memo)}) + pooled
+                        read += tuple(mapping[("side", v)] for v, _, last, _ in p.side_outputs if last == i)
                         if p.flat.eqns[i][0] == "fft":
                             whole = self._fft_copies((*made, *read))
                             made, read = [*made, *whole], (*read, *whole)
@@ -186,6 +195,9 @@ class Step:
                         self._event_info(p.flat.flops[i], p.flat.dtype[outs[0]] if outs else "float32",
                                          tuple(p.flat.shape[x] for x in (*ins, *outs)), p.kinds[i],
                                          p.flat.eqns[i][0] == "dot_general")  # fmt: skip
+                        if p.flat.eqns[i][0] == "conv_general_dilated":
+                            kernel = {r for root in p.roots[ins[1]] or () for r in self._expand(mapping[root], memo)}
+                            convolutions.note_kernel_reads(self, kernel, backward)
                         if backward:  # a layer call's (trace_layer names every equation's sublayer)
                             self._extend_span(len(self.events) - 1, (id(mapping), p.sublayers[i]))
             elif item[0] == "acc":
@@ -198,43 +210,9 @@ class Step:
                 if item[1] in self.weight_of:  # (variable, its gradient, the update reading it)
                     self.final_grads.append((self.weight_of[item[1]], item[1], len(self.events) - 1))
         self._add_gathers(remat, gather_itemsize)
+        convolutions.add_kernel_copies(self)
         self._add_unreduced()
         self._life = self._gradient_kernels = self._forks = None
-
-    def _max_pool_gradient(self, made, shape, pooled, forward_start):
-        """The extra buffers of a max pool's gradient: its pooled cotangent, of `shape`, scattered into `made`,
-        the gradient of input `pooled`, whose pool's forward ran from event `forward_start`.
-
-        XLA:GPU finds each window's maximum again, a reduce-window writing one
-        int32 index per dimension of `shape`, then scatters into zeros of the
-        input's shape. The indices read only forward values: where a
-        collective runs in the backward before the pool's (a model axis's, a
-        combined reduction of weight gradients), XLA's latency-hiding
-        scheduler computes them early to overlap it (DenseNet121 and
-        InceptionV3 on data=8: 400-600 instructions before the pool's own
-        backward); on one device, or where every gradient is reduced after
-        it (a small CNN, ResNet50 on fsdp=16), just before it
-        (`memory_model._reduced_before`). The zeros come with them, unless
-        the pool reads a ReLU's output: then XLA merges them with the zeros
-        the ReLU compares with (one broadcast, written out as two buffers),
-        made in the forward and alive until the backward (docs/plan.md, "Max
-        pools"). Returns (made, read, may write over).
-        """
-        indices = math.prod(shape) * 4 * len(shape)
-        late, early = (self.new(indices, shape, "backward", "int32") for _ in range(2))
-        pool = len(self.events)  # the pool's backward is the next event
-        self.overlapped.update({late: (False, pool), early: (True, pool)})
-        self.events[self.bwd_start][0].append(early)
-        zeros = []
-        if made:
-            gradient, shared = made[0], pooled in self.relu_outputs  # shared: one broadcast with the ReLU's zeros
-            zeros = [self.new(self.size[gradient], self.shape[gradient], "backward", self.dtype[gradient])
-                     for _ in range(1 + shared)]  # fmt: skip
-            self.overlapped.update({} if shared else {zeros[0]: (True, pool)})
-            self.events[forward_start if shared else self.bwd_start][0].extend(zeros)
-            for g in (late, early, *zeros):  # split over the model axis as the gradient is: same rank and positions
-                self.derived[g] = gradient
-        return [*made, late], (early, *zeros), tuple(zeros[:1])
 
     def _fft_copies(self, buffers):
         """An FFT's whole copies of its operand and output, `buffers`: gathered copies alive while it runs, on

@@ -187,8 +187,8 @@ def test_on_a_real_gpu_peaks_exceed_the_deviceless_compile_the_estimate_follows_
 def test_configs_no_band_cites_fall_in_the_band_of_their_class():
     """Held-out rows (`planner_vs_deviceless_sharded.py --held-out`: other families, a shorter sequence, mixed
     precision, 16 devices; `--cnns-held-out --devices 16`: ResNet50): the bands were not drawn from them. Two of
-    ResNet50's fsdp meshes of 16 are above the fsdp CNN band's top by under 1%: 4.5% under, with its pools' indices
-    made late, as XLA makes them there (docs/plan.md, "Max pools, and three CNNs held out")."""
+    ResNet50's fsdp meshes of 16 were above the fsdp CNN band's top by under 1% until XLA's kernel copies and
+    centred inputs were counted (docs/plan.md, "Convolutional steps")."""
     rows = _rows(*HELD_OUT)
     assert len({r["config"] for r in rows}) == 4 and len(rows) == 3 * 10 + 15
     for r in rows:
@@ -196,23 +196,22 @@ def test_configs_no_band_cites_fall_in_the_band_of_their_class():
         assert not why and band.low <= r["xla_gpu_deviceless"] / r["estimate"] <= band.high, (r["config"], r["mesh"])
     cnns = _rows(CNNS_HELD_OUT_16)
     assert len(cnns) == 15
-    above = []
     for r in cnns:
         band, why = band_class(_axes(r["mesh"]), "cnn")
         ratio = r["xla_gpu_deviceless"] / r["estimate"]
-        assert not why and band.low <= ratio <= band.high + 0.01, (r["config"], r["mesh"])
-        above += [r["mesh"]] * (ratio > band.high)
-    assert above == ["data=2,fsdp=8", "fsdp=16"]
+        assert not why and band.low <= ratio <= band.high, (r["config"], r["mesh"])
 
 
-def test_three_cnns_with_max_pools_held_out_are_under_only_where_xla_writes_out_batch_norm_values():
-    """VGG16, VGG19 and Xception (`--cnns-max-pools`), compiled after the late-indices rule: the only rows more than 5%
-    under are Xception's data=8, data=2,fsdp=4 and fsdp=8, where XLA also writes out BatchNormalization values the
-    estimate does not count (docs/plan.md, Limits, "Which BatchNormalization values XLA writes out")."""
+def test_three_cnns_with_max_pools_held_out_are_none_of_them_under_since_centred_inputs_are_counted():
+    """VGG16, VGG19 and Xception (`--cnns-max-pools`), compiled after the late-indices rule: Xception's data=8,
+    data=2,fsdp=4 and fsdp=8 were more than 5% under (0.919-0.935) until the centred inputs of its BatchNormalizations
+    on 8 x 8 maps, which XLA writes out, were counted (1.000-1.019; docs/plan.md, "Convolutional steps")."""
     rows = _rows(CNNS_MAX_POOLS)
     assert len(rows) == 30 and {r["config"].split()[0] for r in rows} == {"vgg16", "vgg19", "xception"}
     under = sorted((r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r))
-    assert under == [("xception", "data=2,fsdp=4"), ("xception", "data=8"), ("xception", "fsdp=8")]
+    assert under == []
+    xception = [r["ratio"] for r in rows if r["config"].startswith("xception") and "model" not in r["mesh"]]
+    assert min(xception) >= 1.0
     assert all(r["band_class"].endswith(" cnns") for r in rows)
 
 
@@ -439,8 +438,9 @@ def test_the_two_backbones_added_last_stay_in_their_bands_in_bfloat16_and_on_16_
 
 def test_nine_more_backbones_name_the_rows_outside_their_bands():
     """T5Gemma 2, Gemma 3n, PaliGemma, ViTDet, MiT and four CNNs (`--other-backbones`), compiled after every rule: one
-    row more than 5% under (Gemma 3n's model=8, outside its band); the other 16 rows outside their bands are over, the
-    most keras-hub's ResNet with basic blocks (docs/plan.md, "Nine more backbones, held out")."""
+    row more than 5% under (Gemma 3n's model=8, outside its band); the other 12 rows outside their bands are over, the
+    most keras-hub's ResNet with basic blocks (16 until "Convolutional steps"; docs/plan.md, "Nine more backbones,
+    held out")."""
     rows = _rows(OTHER_BACKBONES)
     assert len(rows) == 90 and len({r["config"] for r in rows}) == 9
     under = [r for r in rows if _more_than_5_percent_under(r)]
@@ -449,7 +449,7 @@ def test_nine_more_backbones_name_the_rows_outside_their_bands():
     cnns = {"vgg", "resnet", "xception", "hgnetv2"}
     assert all(r["band_class"].endswith(" cnns") == (r["config"].split()[0] in cnns) for r in rows)
     outside = [r for r in rows if not r["in_band"]]
-    assert len(outside) == 16 and all(r["ratio"] > 1.10 for r in outside)
+    assert len(outside) == 12 and all(r["ratio"] > 1.10 for r in outside)
     assert max(outside, key=lambda r: r["ratio"])["config"].startswith("resnet basic")
 
 
@@ -476,10 +476,11 @@ def test_four_untried_backbones_are_in_their_bands_and_under_only_where_the_limi
 def test_ten_more_backbones_keep_their_language_models_within_11_percent_and_are_under_only_where_the_docs_say():
     """The ten keras-hub backbones of `--more-backbones` on every mesh of 8: the two language models within 10%
     everywhere but Moonshine's model=8 (1.101); more than 5% under only on VideoPrism's and SegFormer's model=8
-    (SegFormer's outside its band), DeepLabV3's batch-split meshes (its backward copies the upsampled logits'
-    cotangent transposed) and BASNet's data=8; DeepLabV3's model axes, 3.3-4.1x XLA's figure while the
-    logits' channel split was lost at a transposed view, within 14%; the rows above their band's top are meshes with
-    fsdp of DepthAnything, RetinaNet and BASNet, and DepthAnything's data=8 (docs/plan.md, "Ten more backbones")."""
+    (SegFormer's outside its band) and DeepLabV3's batch-split meshes (its backward copies the upsampled logits'
+    cotangent transposed; BASNet's data=8 and DeepLabV3's data=2,fsdp=2,model=2 were too until "Convolutional
+    steps"); DeepLabV3's model axes, 3.3-4.1x XLA's figure while the logits' channel split was lost at a transposed
+    view, within 14%; the rows above their band's top are meshes with fsdp of DepthAnything, RetinaNet and BASNet,
+    and DepthAnything's data=8 (docs/plan.md, "Ten more backbones")."""
     rows = _rows(MORE_BACKBONES)
     family = {r["config"].split()[0] for r in rows}
     assert len(rows) == 100 and family == {
@@ -488,16 +489,14 @@ def test_ten_more_backbones_keep_their_language_models_within_11_percent_and_are
     }
     assert all(0.95 <= r["ratio"] <= 1.11 for r in rows if r["config"].split()[0] in ("qwen", "moonshine"))
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
-    deeplab = {"data=8", "data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8", "data=2,fsdp=2,model=2"}
-    assert under == {("videoprism", "model=8"), ("segformer", "model=8"), ("basnet", "data=8")} | {
-        ("deeplabv3", m) for m in deeplab
-    }
+    deeplab = {"data=8", "data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8"}
+    assert under == {("videoprism", "model=8"), ("segformer", "model=8")} | {("deeplabv3", m) for m in deeplab}
     below = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"] and r["ratio"] < 1}
     assert below == {("segformer", "model=8")} | {
         ("deeplabv3", m) for m in ("data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8")
     }
     above = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"] and r["ratio"] > 1}
-    assert len(above) == 14 and {f for f, _ in above} == {"depth_anything", "retinanet", "basnet"}
+    assert len(above) == 13 and {f for f, _ in above} == {"depth_anything", "retinanet", "basnet"}
     assert all("fsdp" in mesh for f, mesh in above - {("depth_anything", "data=8")})
     assert all(r["ratio"] < 1.14 for r in rows if r["config"].startswith("deeplabv3") and "model" in r["mesh"])
 

@@ -1,0 +1,98 @@
+"""What XLA:GPU adds to a convolutional step: a max pool's input is computed again by its gradient unless a ReLU made
+it, and each convolution kernel has a filter-layout copy from its forward to its input gradient."""
+
+import keras
+
+import kdist
+from kdist.planning import memory_model
+
+
+def _traced(build, devices=8, batch_size=64, target="h100"):
+    """(the traced step, {axes: buffer factors}) of `build` planned on `devices`."""
+    seen = {}
+    original = memory_model.buffer_factors
+
+    def record(facts, rows, axes, local_batch):
+        out = original(facts, rows, axes, local_batch)
+        seen[tuple(sorted(axes.items()))] = out
+        seen["step"] = facts.traced.step
+        return out
+
+    memory_model.buffer_factors = record
+    try:
+        kdist.plan(kdist.abstract_model(build), devices, batch_size=batch_size, target=target)
+    finally:
+        memory_model.buffer_factors = original
+    return seen.pop("step"), seen
+
+
+def _pooled(padded):
+    images = keras.Input((32, 32, 8))
+    x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(images)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    if padded:  # ResNet's stem: the pool reads a ZeroPadding2D's output
+        x = keras.layers.ZeroPadding2D(1)(x)
+    x = keras.layers.MaxPooling2D(3, strides=2)(x)
+    x = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(16, 3, padding="same")(x))
+    return keras.Model(images, keras.layers.Dense(10)(x))
+
+
+def _activations(step, shape):
+    """The forward buffers of `step` of one example's `shape` that some kernel makes."""
+    born = step.lifetimes()[0]
+    return [g for g in range(len(step.size)) if step.term[g] == "activations" and step.shape[g][1:] == shape
+            if born[g] >= 0]  # fmt: skip
+
+
+def test_a_max_pools_gradient_computes_a_padded_input_again_and_keeps_a_relus():
+    """XLA:GPU's max-pool gradient is a reduce-window and a scatter, both fusions: a padded normalization's output
+    is computed again from the convolution's (ResNet50 keeps no f32[32,114,114,64]), a ReLU's output is kept from the
+    forward (InceptionV3 keeps its stem ReLUs'; docs/plan.md, "Convolutional steps")."""
+    padded, _ = _traced(lambda: _pooled(True))
+    assert _activations(padded, (34, 34, 16)) == []  # the padded input: no buffer
+    relu, _ = _traced(lambda: _pooled(False))
+    (kept,) = _activations(relu, (32, 32, 16))[-1:]
+    born, last = relu.lifetimes()[:2]
+    assert born[kept] < relu.bwd_start < last[kept]  # the ReLU's output, from the forward to the pool's gradient
+
+
+def _convolved():
+    images = keras.Input((16, 16, 4))
+    x = keras.layers.Conv2D(8, 3, padding="same", name="first")(images)
+    x = keras.layers.Conv2D(32, 3, padding="same", name="second")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(images, keras.layers.Dense(10)(x))
+
+
+def _kernel_copies(step):
+    return {g: step.weight_of[g] for g in step.weight_of if step.term[g] == "activations" and not step.batch[g]}
+
+
+def test_each_convolution_kernel_has_a_filter_layout_copy_on_a_gpu():
+    """XLA:GPU transposes each HWIO kernel into cuDNN's OHWI layout before its forward convolution and the input
+    gradient reads that copy: one kernel-sized buffer per convolution, made by its forward, kept to its input
+    gradient (the first convolution has none: its copy dies in the forward). A device holds its shard's; CPU and
+    TPU targets have no cuDNN."""
+    step, factors = _traced(_convolved)
+    copies = _kernel_copies(step)
+    assert sorted(step.size[g] for g in copies) == [3 * 3 * 4 * 8 * 4, 3 * 3 * 8 * 32 * 4]
+    born, last = step.lifetimes()[:2]
+    first, second = sorted(copies, key=lambda g: step.size[g])
+    assert last[first] < step.bwd_start  # read by the forward convolution alone
+    assert born[second] < step.bwd_start < last[second]
+    assert factors[(("data", 8),)][second] == 1.0
+    assert factors[(("data", 4), ("model", 2))][second] == 0.5  # the output channels split over 'model'
+    cpu, _ = _traced(_convolved, target="cpu")
+    assert _kernel_copies(cpu) == {}
+
+
+def test_a_mixed_precision_kernels_cast_is_its_copy():
+    """Under mixed_bfloat16 the convolution reads the kernel's bfloat16 cast, which the backward reads again: that
+    cast is the copy, none is added."""
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        step, _ = _traced(_convolved)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    copies = [g for g in _kernel_copies(step) if len(step.shape[g]) == 4]  # the Dense kernel's cast aside
+    assert len(copies) == 2 and all(step.dtype[g] == "bfloat16" for g in copies)
