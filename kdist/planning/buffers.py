@@ -97,6 +97,11 @@ class Rules:
 SWITCHES = ("logistic_cheap", "tanh_cheap_f32", "rng_expensive", "broadcast_into_gemm", "bandwidth_fusion")
 
 
+def is_relu(eqn):
+    """Whether traced equation `eqn` is a ReLU: a max of one array with a constant."""
+    return eqn[0] == "max" and len(eqn[1]) == 1
+
+
 def fuse_into_readers(n_readers, root_bytes, out_bytes):
     """GPU priority fusion's bandwidth test: is recomputing a value in each of its readers cheaper than storing it?
 
@@ -275,7 +280,7 @@ def _status(x, p, f, producer, kinds, readers_of, external, always, conditional,
     if kinds[i] in ("kernel", "reduction") or x in always:
         return "mat"
     readers, prim = readers_of(x), f.eqns[i][0]
-    relu = prim == "max" and len(f.eqns[i][1]) == 1
+    relu = is_relu(f.eqns[i])
     kernel_readers = [r for r in readers if kinds[r] == "kernel" and (relu or f.eqns[r][0] != POOL_GRADIENT)]
     broadcast_read_in_place = (
         rules.broadcast_into_gemm

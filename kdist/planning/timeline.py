@@ -14,7 +14,7 @@ XLA's latency-hiding scheduler may reorder (`memory_model.scheduler_lasts`).
 import numpy as np
 
 from kdist.planning import convolutions
-from kdist.planning.buffers import fuse_into_readers
+from kdist.planning.buffers import POOL_GRADIENT, fuse_into_readers, is_relu
 from kdist.planning.trace import TRACE_BATCH
 
 TERMS = ("activations", "loss", "backward", "gradients", "gathered", "unreduced")
@@ -109,7 +109,7 @@ class Step:
             self.readers.setdefault(mapping[x], []).append((inst, x))
         for o in p.out:
             i = p.producer_index.get(o)
-            if i is not None and f.eqns[i][0] == "max" and len(f.eqns[i][1]) == 1:
+            if i is not None and is_relu(f.eqns[i]):
                 self.relu_outputs.add(mapping[o])
         for shared, outs, sums in p.merged:
             self.merged.append((mapping.get(shared), [mapping[o] for o in outs], [mapping.get(x) for x in sums]))
@@ -177,7 +177,7 @@ class Step:
                         continue
                     made = [mapping[o] for o in made] + [mapping[o] for o in maybe if mapping[o] not in self.virtual]
                     pooled = zeros = ()
-                    if backward and p.flat.eqns[i][0] == "select_and_scatter_add":
+                    if backward and p.flat.eqns[i][0] == POOL_GRADIENT:
                         cotangent, operand = p.flat.eqns[i][1][:2]
                         made, pooled, zeros = convolutions.max_pool_gradient(
                             self, made, p.flat.shape[cotangent], mapping.get(operand), forward_start[id(mapping)]

@@ -20,12 +20,12 @@ def _normalized(side):
 @pytest.mark.parametrize(
     "batch_size,written", [(16, False), (64, True), (512, True), (1024, False)]
 )  # fmt: skip
-def test_the_centred_input_is_written_where_the_variance_is_one_kernel(batch_size, written):
+def test_the_centred_input_is_written_where_the_variance_is_one_kernel(monkeypatch, batch_size, written):
     """8 x 8 maps on data=8: 64 rows per image, 2 to 128 images per device, 128 to 8192 rows. ResNet50 writes the
     centred input of its 7 x 7 stage at 32 images (1568 rows) and not of its 14 x 14 one (6272), keras-hub's ResNet
     its 16 x 16 stage's at 8 images (2048), MobileNetV3 none of its 4 x 4 maps' at 8 images (128; docs/plan.md,
     "Convolutional steps")."""
-    step, factors = _traced(lambda: _normalized(8), batch_size=batch_size)
+    step, factors = _traced(monkeypatch, lambda: _normalized(8), batch_size=batch_size)
     (centred,) = step.column_rows  # jnp.var's x - mean; not the mean's or the float32 cast's
     rows = step.column_rows[centred] * batch_size // 8
     assert step.column_rows[centred] == 64 and step.shape[centred][1:] == (8, 8, 32)
@@ -39,11 +39,11 @@ def test_the_centred_input_is_written_where_the_variance_is_one_kernel(batch_siz
         assert split == pytest.approx(factors[(("data", 8),)][centred])
 
 
-def test_no_centred_input_on_a_cpu_target_or_for_a_row_reduction():
+def test_no_centred_input_on_a_cpu_target_or_for_a_row_reduction(monkeypatch):
     """Only XLA:GPU's reduction emitter does it; a LayerNorm reduces the last axis (a row reduction)."""
-    cpu, _ = _traced(lambda: _normalized(8), batch_size=64, target="cpu")
+    cpu, _ = _traced(monkeypatch, lambda: _normalized(8), batch_size=64, target="cpu")
     assert cpu.column_rows == {}
-    step, _ = _traced(_layer_normalized, batch_size=64)
+    step, _ = _traced(monkeypatch, _layer_normalized, batch_size=64)
     assert step.column_rows == {}
 
 

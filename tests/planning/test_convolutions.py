@@ -4,26 +4,14 @@ it, and each convolution kernel has a filter-layout copy from its forward to its
 import keras
 
 import kdist
-from kdist.planning import memory_model
+from tests.planning.test_memory_model import _recorded_factors
 
 
-def _traced(build, devices=8, batch_size=64, target="h100"):
+def _traced(monkeypatch, build, devices=8, batch_size=64, target="h100"):
     """(the traced step, {axes: buffer factors}) of `build` planned on `devices`."""
-    seen = {}
-    original = memory_model.buffer_factors
-
-    def record(facts, rows, axes, local_batch):
-        out = original(facts, rows, axes, local_batch)
-        seen[tuple(sorted(axes.items()))] = out
-        seen["step"] = facts.traced.step
-        return out
-
-    memory_model.buffer_factors = record
-    try:
-        kdist.plan(kdist.abstract_model(build), devices, batch_size=batch_size, target=target)
-    finally:
-        memory_model.buffer_factors = original
-    return seen.pop("step"), seen
+    seen = _recorded_factors(monkeypatch)
+    kdist.plan(kdist.abstract_model(build), devices, batch_size=batch_size, target=target)
+    return seen[0][0].traced.step, {tuple(sorted(axes.items())): factors for _, axes, factors in seen}
 
 
 def _pooled(padded):
@@ -44,13 +32,13 @@ def _activations(step, shape):
             if born[g] >= 0]  # fmt: skip
 
 
-def test_a_max_pools_gradient_computes_a_padded_input_again_and_keeps_a_relus():
+def test_a_max_pools_gradient_computes_a_padded_input_again_and_keeps_a_relus(monkeypatch):
     """XLA:GPU's max-pool gradient is a reduce-window and a scatter, both fusions: a padded normalization's output
     is computed again from the convolution's (ResNet50 keeps no f32[32,114,114,64]), a ReLU's output is kept from the
     forward (InceptionV3 keeps its stem ReLUs'; docs/plan.md, "Convolutional steps")."""
-    padded, _ = _traced(lambda: _pooled(True))
+    padded, _ = _traced(monkeypatch, lambda: _pooled(True))
     assert _activations(padded, (34, 34, 16)) == []  # the padded input: no buffer
-    relu, _ = _traced(lambda: _pooled(False))
+    relu, _ = _traced(monkeypatch, lambda: _pooled(False))
     (kept,) = _activations(relu, (32, 32, 16))[-1:]
     born, last = relu.lifetimes()[:2]
     assert born[kept] < relu.bwd_start < last[kept]  # the ReLU's output, from the forward to the pool's gradient
@@ -68,12 +56,12 @@ def _kernel_copies(step):
     return {g: step.weight_of[g] for g in step.weight_of if step.term[g] == "activations" and not step.batch[g]}
 
 
-def test_each_convolution_kernel_has_a_filter_layout_copy_on_a_gpu():
+def test_each_convolution_kernel_has_a_filter_layout_copy_on_a_gpu(monkeypatch):
     """XLA:GPU transposes each HWIO kernel into cuDNN's OHWI layout before its forward convolution and the input
     gradient reads that copy: one kernel-sized buffer per convolution, made by its forward, kept to its input
     gradient (the first convolution has none: its copy dies in the forward). A device holds its shard's; CPU and
     TPU targets have no cuDNN."""
-    step, factors = _traced(_convolved)
+    step, factors = _traced(monkeypatch, _convolved)
     copies = _kernel_copies(step)
     assert sorted(step.size[g] for g in copies) == [3 * 3 * 4 * 8 * 4, 3 * 3 * 8 * 32 * 4]
     born, last = step.lifetimes()[:2]
@@ -82,16 +70,16 @@ def test_each_convolution_kernel_has_a_filter_layout_copy_on_a_gpu():
     assert born[second] < step.bwd_start < last[second]
     assert factors[(("data", 8),)][second] == 1.0
     assert factors[(("data", 4), ("model", 2))][second] == 0.5  # the output channels split over 'model'
-    cpu, _ = _traced(_convolved, target="cpu")
+    cpu, _ = _traced(monkeypatch, _convolved, target="cpu")
     assert _kernel_copies(cpu) == {}
 
 
-def test_a_mixed_precision_kernels_cast_is_its_copy():
+def test_a_mixed_precision_kernels_cast_is_its_copy(monkeypatch):
     """Under mixed_bfloat16 the convolution reads the kernel's bfloat16 cast, which the backward reads again: that
     cast is the copy, none is added."""
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
-        step, _ = _traced(_convolved)
+        step, _ = _traced(monkeypatch, _convolved)
     finally:
         keras.config.set_dtype_policy("float32")
     copies = [g for g in _kernel_copies(step) if len(step.shape[g]) == 4]  # the Dense kernel's cast aside
