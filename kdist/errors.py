@@ -15,7 +15,11 @@ def cause(error, lines=None, limit=None):
     """`error` as "Type: message" for a kdist message, without the terminal colour codes Keras puts in its own.
 
     `lines`: only the message's first `lines` non-blank lines, joined by spaces; `limit`: at most `limit` characters.
+    Where Keras's traceback filter failed while re-raising (an AttributeError about `_error_repr`, Keras 3.15), the
+    error it was re-raising.
     """
+    while isinstance(error, AttributeError) and "_error_repr" in str(error) and error.__context__ is not None:
+        error = error.__context__
     message = _TERMINAL_CODES.sub("", str(error))
     if lines is not None:
         message = " ".join([line.strip() for line in message.splitlines() if line.strip()][:lines])

@@ -104,7 +104,8 @@ def split_axes(step, weight_splits, sizes=None):
     scattered = {}  # those of a split input's gradient -> its axes: reduce-scattered from a features-first copy
     for item in step.agenda:
         if item[0] == "acc":
-            splits[item[1]] = _merged([splits[x] for x in item[2]])
+            # a part may be a view of the sum's shape (a reader took the tensor through a reshape)
+            splits[item[1]] = _merged([_fit(splits[x], step.shape[x], step.shape[item[1]], sizes) for x in item[2]])
         if item[0] != "run":
             continue
         _, (p, mapping), lo, hi = item

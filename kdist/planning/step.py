@@ -188,7 +188,7 @@ class _Walk:
         const_pos = [i for i, _ in tensors if i not in diff_pos]
         trainable = list(getattr(op, "trainable_variables", []))
         non_trainable = list(getattr(op, "non_trainable_variables", []))
-        shapes = {i: self.known.get(id(t)) or self.struct(t) for i, t in tensors}
+        shapes = {i: self.known[id(t)] if id(t) in self.known else self.struct(t) for i, t in tensors}
         key = (
             type(op).__name__,
             tuple((tuple(v.shape), str(v.dtype)) for v in trainable),

@@ -865,3 +865,12 @@ def test_inputs_of_different_lengths_are_planned_within_their_bands_but_t5s_fsdp
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
     assert under == {("t5", "fsdp=8"), ("t5", "fsdp=4,model=2")}
     assert all(r["in_band"] for r in rows)
+
+
+def test_each_reason_a_band_is_wider_is_noted_once():
+    """A reason shared by candidates whose bands differ otherwise (remat, beside each mesh kind's stand-in band)."""
+    result = kdist.plan(kdist.abstract_model(mnist_mlp), 8, batch_size=64, remat=True)
+    whys = {c.band_why for c in result.candidates}
+    assert len(whys) > 1 and all("remat" in why for why in whys)
+    band_notes = [n for n in result.notes if n.startswith("band: ")]
+    assert len(band_notes) == len(set(band_notes)) and sum("remat" in n for n in band_notes) == 1

@@ -234,6 +234,35 @@ def test_a_split_given_to_a_view_of_another_rank_fits_the_buffer_it_aliases():
     assert kdist.plan(_squeeze_excite, 8, batch_size=16).candidate("model=8").peak > 0
 
 
+class _Flattened(keras.layers.Layer):
+    """Reads a (B, 4, 4, C) tensor as (B, 16, C), through a reshape."""
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], shape[-1]), name="w")
+
+    def call(self, x):
+        return keras.ops.matmul(keras.ops.reshape(x, (-1, 16, x.shape[-1])), self.w)
+
+
+def _three_readers():
+    """A tensor three layers read, one through a reshape (D-FINE's source flattener): its cotangent's parts differ in
+    shape, and the second sum adds the first's."""
+    x = keras.Input((4, 4, 8))
+    h = keras.layers.Dense(16, name="split")(x)
+    first = keras.layers.Dense(16)(keras.layers.Dense(16)(h))
+    middle = keras.layers.Dense(16)(_Flattened()(h))
+    return keras.Model(x, [first, middle, keras.layers.Activation("gelu")(h)])
+
+
+def test_a_cotangent_summed_from_parts_of_different_shapes_keeps_its_split_on_the_sums_shape():
+    traced = _traced(_three_readers)
+    splits = _splits(traced, {"split/kernel": {"model": 1}, "split/bias": {"model": 0}})
+    sums = [item[1] for item in traced.step.agenda if item[0] == "acc"]
+    assert len(sums) == 2 and all(splits[g] for g in sums)  # the features stay split in both sums
+    assert all(d < len(traced.step.shape[g]) for g, s in enumerate(splits) for d in s.values())
+    assert kdist.plan(_three_readers, 8, batch_size=16).candidate("model=8").peak > 0
+
+
 def _convolutions(depthwise=False):
     """Two convolutions whose kernels split their output channels, a depthwise one between them when asked."""
     images = keras.Input((8, 8, 4))

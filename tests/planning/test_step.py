@@ -53,6 +53,30 @@ def test_a_model_indexing_a_tensor_with_an_integer_is_planned():
             assert c.activations > 0 and c.peak == c.weights + c.optimizer + c.activations + c.transient + c.other
 
 
+class _Mean(keras.layers.Layer):
+    def call(self, x):
+        return keras.ops.mean(x)  # rank 0
+
+
+class _Scale(keras.layers.Layer):
+    def call(self, x, s):
+        return x * s
+
+
+def _scaled_by_a_scalar():
+    """One layer's output of rank 0 read by another layer (StableDiffusion3Backbone has one)."""
+    x = keras.Input((16,))
+    h = keras.layers.Dense(16)(x)
+    return keras.Model(x, _Scale()(h, _Mean()(h)))
+
+
+def test_a_layer_output_of_rank_0_read_by_another_layer_is_traced():
+    for devices in (1, 8):
+        result = kdist.plan(_scaled_by_a_scalar, devices, batch_size=8)
+        assert not any("activations not estimated" in n for n in result.notes)
+        assert all(c.transient > 0 for c in result.candidates)
+
+
 def test_the_slice_of_the_first_token_is_an_alias_of_the_value_it_is_cut_from():
     model = kdist.abstract_model(_pooled)
     facts = ModelFacts(model, "adam", None, None, None, resolve_target("gpu"))
