@@ -235,7 +235,8 @@ def _band_notes(facts, devices, candidates):
             f"order within each sublayer's backward, and XLA's figure came to at most {LHS_HIGH - 1:+.0%} over it on "
             f"the stored meshes of several devices ({LHS_RESULTS} and others, inside the bands; docs/plan.md)"
         )
-    for why in sorted({why for c in candidates if c.band_why for why in c.band_why.split("; ")}):  # `band`'s joins
+    # each reason once: `candidates.band` joins a candidate's reasons with "; "
+    for why in sorted({why for c in candidates if c.band_why for why in c.band_why.split("; ")}):
         notes.append(f"band: {why}")
     return notes
 
