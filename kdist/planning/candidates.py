@@ -48,6 +48,7 @@ def evaluate(facts, axes, batch_size, bandwidth, latency, timing=True):
     return candidate
 
 
+REASONS_SEPARATOR = "; "  # between the reasons in a candidate's `band_why`
 # XLA may apply optimizer updates before the whole backward ends: remat peaks 5-12% lower (docs/plan.md, Limits).
 REMAT_LOW = 0.88
 
@@ -101,4 +102,5 @@ def band(facts, axes, peak):
             f"experts on {where}: XLA's expert layers there are not modelled (kdist's tiny mixture-of-experts "
             f"configs compiled for 8 H100s came to up to {moe_high:.2f}x the estimate), so the band reaches that"
         )
-    return (int(peak * low), int(peak * high) + GEMM_WORKSPACE), cls.name, "; ".join(reasons)  # calibrated: a GPU
+    bounds = (int(peak * low), int(peak * high) + GEMM_WORKSPACE)  # calibrated: a GPU
+    return bounds, cls.name, REASONS_SEPARATOR.join(reasons)

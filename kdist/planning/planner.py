@@ -27,7 +27,7 @@ from kdist.planning.calibration import (
     MEASURED_STEP,
     SHORT_STEP,
 )
-from kdist.planning.candidates import evaluate
+from kdist.planning.candidates import REASONS_SEPARATOR, evaluate
 from kdist.planning.deviceless import COMPILER_OPTIONS, gpu_devices
 from kdist.planning.facts import ModelFacts, check_dtype, check_sequence_length
 from kdist.planning.memory_model import GEMM_WORKSPACE
@@ -235,8 +235,7 @@ def _band_notes(facts, devices, candidates):
             f"order within each sublayer's backward, and XLA's figure came to at most {LHS_HIGH - 1:+.0%} over it on "
             f"the stored meshes of several devices ({LHS_RESULTS} and others, inside the bands; docs/plan.md)"
         )
-    # each reason once: `candidates.band` joins a candidate's reasons with "; "
-    for why in sorted({why for c in candidates if c.band_why for why in c.band_why.split("; ")}):
+    for why in sorted({why for c in candidates if c.band_why for why in c.band_why.split(REASONS_SEPARATOR)}):
         notes.append(f"band: {why}")
     return notes
 
