@@ -185,7 +185,7 @@ class ModelFacts:
                 shorter = _shorter_tables(self.model, self.sequence_length)
                 if shorter:  # the likely cause: a table the sequence overruns
                     raise ArgumentError(_overrun(self.model, self.sequence_length, shorter)) from e
-                hint = _position_table_hint(self.model, self.sequence_length)
+                hint = _position_table_hint(self.model, self.sequence_length, getattr(e, "layers", ()))
                 if hint:
                     raise PlanError(f"{e}{hint}") from e
                 raise
@@ -381,10 +381,11 @@ def _overrun(model, sequence_length, shorter, fix=True):
     return f"sequence_length={sequence_length} is longer than model {model.name!r} takes: {tables}.{advice}"
 
 
-def _position_table_hint(model, sequence_length):
-    """For a failed trace: the learned position tables the traced lengths may not fit (a layer may add its whole
-    table, or take no more positions than it holds)."""
-    tables = list(_position_layers(model))
+def _position_table_hint(model, sequence_length, failed):
+    """For a trace that failed at the layers `failed` (one, its sublayers, those it reads): the learned position
+    tables among them that the traced lengths may not fit (a layer may add its whole table, or take no more
+    positions than it holds)."""
+    tables = [(layer, length) for layer, length in _position_layers(model) if any(layer is f for f in failed)]
     if sequence_length is None:
         return ""
     if isinstance(sequence_length, dict):

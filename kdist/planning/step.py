@@ -24,6 +24,7 @@ from kdist.keras_internals import (
     layer_config,
     layers,
     nodes_by_depth,
+    output_layer,
     output_struct,
 )
 from kdist.planning.attention import default_attention, forced_attention
@@ -210,11 +211,13 @@ class _Walk:
         except KdistError:
             raise
         except Exception as e:  # any failure of a layer's own code under tracing: name the layer
-            raise PlanError(
+            error = PlanError(
                 f"The planner could not trace layer {op.name!r} ({type(op).__name__}) of the training step: "
                 f"{cause(e)}. Plan the model's variables instead (kdist.plan(model.weights, ...): "
                 "weights and optimizer state, no activations), or report the layer."
-            ) from e
+            )
+            error.layers = (op, *layers(op), *(output_layer(t) for _, t in tensors))  # it, within it, read by it
+            raise error from e
         inputs = {lid: self.weight_id(v) for lid, v in zip(p.w, trainable)}
         inputs.update((lid, self.weight_id(v)) for lid, v in zip(p.c[: len(non_trainable)], non_trainable))
         inputs.update((lid, self.tensor[id(leaves[i])]) for lid, i in zip(p.c[len(non_trainable) :], const_pos))

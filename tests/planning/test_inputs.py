@@ -151,6 +151,31 @@ def test_a_sequence_shorter_than_a_table_its_layer_adds_whole_names_the_table():
     )
 
 
+class _ReadsAValue(keras.layers.Layer):
+    """A layer whose code needs a tensor's value (as keras-hub's schedulers do): it cannot be traced abstractly."""
+
+    def call(self, x):
+        return x * float(keras.ops.sum(x))
+
+    def compute_output_spec(self, x):
+        return keras.KerasTensor(x.shape, x.dtype)
+
+
+def test_a_failed_layer_that_reads_no_position_table_gets_no_table_hint():
+    keras_hub = pytest.importorskip("keras_hub")
+
+    def build():
+        tokens = keras.Input((None,), dtype="int32")
+        x = keras.layers.Embedding(64, 8)(tokens)
+        x = x + keras_hub.layers.PositionEmbedding(32)(x)
+        return keras.Model(tokens, keras.layers.Dense(64)(_ReadsAValue(name="reads_a_value")(x)))
+
+    with pytest.raises(PlanError) as caught:
+        kdist.plan(kdist.abstract_model(build), 2, batch_size=8, sequence_length=16)
+    assert "could not trace layer 'reads_a_value'" in str(caught.value)
+    assert "position" not in str(caught.value)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[f"{i}" for i in range(len(CASES))])
 def test_bad_input_is_refused_clearly(case):
     call, error, *words = case
