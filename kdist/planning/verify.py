@@ -133,7 +133,7 @@ def _build_step(clone, x, optimizer, traced):
         if loss_reads(t):
             known = next(traced, (TRACE_BATCH, *shape))
             examples = batch if known[0] == TRACE_BATCH else known[0]  # 1: an output the batch shares (SAM's)
-            shape = tuple(d if d is not None else k for d, k in zip(shape, known[1:]))
+            shape = tuple(known[1:])  # what the layers make, where a spec differs (SAM 3's presence logits)
         return jax.ShapeDtypeStruct((examples, *shape), "int32")
 
     y = keras.tree.map_structure(labels, outputs)

@@ -276,6 +276,27 @@ def test_verify_labels_an_output_whose_spec_lost_its_length_at_the_traced_length
     assert checked.compiled and checked.compiled["peak"] > 0
 
 
+class _LastStage(keras.layers.Layer):
+    """Keeps the last of its stages, its output spec keeping them all (SAM 3's presence logits: (None, 2, 1) in the
+    spec, (batch, 1) computed)."""
+
+    def call(self, x):
+        return x[:, -1]
+
+    def compute_output_shape(self, shape):
+        return shape
+
+
+def _last_stage():
+    features = keras.Input((4,))
+    return keras.Model(features, _LastStage()(keras.layers.Reshape((2, 1))(keras.layers.Dense(2)(features))))
+
+
+def test_verify_labels_an_output_whose_spec_differs_from_what_its_layer_makes_at_the_traced_shape():
+    checked = kdist.plan(_last_stage, 8, batch_size=64, verify=["data=8"]).candidate("data=8")
+    assert checked.compiled and checked.compiled["peak"] > 0
+
+
 def _one_channel_map():
     """A depth or saliency map: one channel per pixel (keras-hub's DepthAnything, BASNet)."""
     images = keras.Input((8, 8, 3))
