@@ -52,6 +52,7 @@ class Flat:
         # x its length), else 0
         self.scopes = []  # per equation: its name stack, e.g. "transpose(jvp(block))/self_attention/softmax"
         self.params = []  # per equation: the parameter `kdist.planning.propagation` reads (a loop: its `Loop`), or None
+        self.fixed = {}  # value id -> a scalar fixed at trace time (a static size compared with 0), as XLA folds it
 
     def new(self, aval):
         """A new value id for an abstract value (bytes at the traced shape)."""
@@ -151,6 +152,28 @@ def _body(eqn):
     return next((eqn.params[p] for p in _BODY if p in eqn.params), None)
 
 
+def _folded(eqn, value):
+    """The outputs of a scalar operation on fixed scalars (an equality of a static size and 0), else []."""
+    operands = [value(v) for v in eqn.invars]
+    scalar = eqn.outvars and all(getattr(v.aval, "shape", None) == () for v in eqn.outvars)
+    nested = _body(eqn) is not None or eqn.primitive.name in LOOPS or eqn.primitive.name == "cond"
+    if not operands or not scalar or nested or eqn.effects or any(x is None for x in operands):
+        return []
+    try:
+        out = eqn.primitive.bind(*operands, **eqn.params)
+    except Exception:  # an operation that cannot run eagerly here: left to the program, unfolded
+        return []
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def _taken_branch(eqn, value):
+    """The branch a `cond` with a fixed index takes, else None."""
+    if eqn.primitive.name != "cond" or value(eqn.invars[0]) is None:
+        return None
+    branches = eqn.params["branches"]
+    return branches[min(max(int(value(eqn.invars[0])), 0), len(branches) - 1)]
+
+
 def flatten(jaxpr, in_ids, flat, scope=""):
     """Append `jaxpr`'s operations to `flat` (sub-jaxprs inlined); returns the ids of its outputs."""
     if hasattr(jaxpr, "jaxpr"):  # a ClosedJaxpr
@@ -162,10 +185,17 @@ def flatten(jaxpr, in_ids, flat, scope=""):
     def get(v):
         return None if isinstance(v, Literal) else env.get(v)
 
+    def value(v):
+        return v.val if isinstance(v, Literal) else flat.fixed.get(env.get(v))
+
     for eqn in jaxpr.eqns:
         ins = [get(v) for v in eqn.invars]
+        folded = _folded(eqn, value)
         body = _body(eqn)
         stack = "/".join(filter(None, (scope, str(eqn.source_info.name_stack))))
+        branch = _taken_branch(eqn, value)
+        if branch is not None:  # XLA keeps only the branch a fixed index picks (its conditional simplifier)
+            body, ins = branch, ins[1:]
         if body is not None:
             outs = flatten(body, ins, flat, stack)
             for v, o in zip(eqn.outvars, outs):
@@ -173,6 +203,7 @@ def flatten(jaxpr, in_ids, flat, scope=""):
             continue
         outs = [flat.new(v.aval) for v in eqn.outvars]
         env.update(zip(eqn.outvars, outs))
+        flat.fixed.update(zip(outs, folded))
         flat.eqns.append((eqn.primitive.name, [i for i in ins if i is not None], outs))
         flat.scopes.append(stack)
         if eqn.primitive.name in LOOPS:

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import keras
 
 from kdist.planning import trace
 
@@ -39,3 +40,24 @@ def test_the_surrogate_losss_labels_drop_the_class_dimension_unless_it_is_one():
     assert trace.label_shape((None, 8, 8, 1)) == (None, 8, 8, 1)  # a one-channel map: Keras squeezes the label
     assert trace.label_shape((None, 1)) == (None, 1)
     assert trace.label_shape(()) == ()  # a scalar output (verify labels every output)
+
+
+def _branches(fixed):
+    """x @ w, or x x 0, chosen by a static size (as keras-hub's SAM 3 picks its box encoder) or by x's values."""
+
+    def call(tw, da, cs):
+        (w,), (x,) = tw, da
+        pick = keras.ops.equal(keras.ops.shape(x)[1], 0) if fixed else jnp.sum(x) > 0
+        return [keras.ops.cond(pick, lambda: x * 0.0, lambda: x @ w)]
+
+    return call
+
+
+def test_a_cond_whose_index_is_fixed_at_trace_time_is_the_branch_it_takes():
+    shapes = [jax.ShapeDtypeStruct((WIDTH, WIDTH), "float32")], [], [jax.ShapeDtypeStruct((BATCH, WIDTH), "float32")]
+    fixed = trace.trace_program(_branches(fixed=True), *shapes)
+    names = [name for name, _, _ in fixed.flat.eqns]
+    assert "cond" not in names and names[: fixed.n_fwd].count("dot_general") == 1
+    assert sum(fixed.flat.flops[: fixed.n_fwd]) == 2 * BATCH * WIDTH * WIDTH
+    chosen_at_run_time = trace.trace_program(_branches(fixed=False), *shapes)
+    assert "cond" in [name for name, _, _ in chosen_at_run_time.flat.eqns]  # XLA keeps both branches: one operation
