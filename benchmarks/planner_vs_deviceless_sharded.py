@@ -942,6 +942,51 @@ MIXED_PRECISION = _widened(MIXED_PRECISION_FAMILIES, {"gemma3": NO_SOFT_CAPS}, d
 MIXED_FLOAT16 = _widened(MIXED_PRECISION_FAMILIES, {"gemma3": NO_SOFT_CAPS}, dtype="mixed_float16")
 
 
+# SAM 3 at the size of keras-hub's own backbone test (hidden 32 throughout, 112 x 112 images, 16 queries, 32 tokens and
+# 32 boxes per image), batch 8: `--sam3` plans and compiles it into planner_vs_deviceless_sam3.json. Its box encoder's
+# ROI align runs in a `cond` fixed by the boxes' static count and gathers each channel by an iota (docs/plan.md,
+# "SAM 3, compiled on every mesh of 8").
+_SAM3_SIZES = dict(hidden_dim=32, intermediate_dim=128, num_heads=2)
+SAM3 = [
+    (
+        "sam3 h32 i112 q16 b8 s32",
+        "SAM3PromptableConceptBackbone",
+        dict(
+            vision_encoder=(
+                "keras_hub.layers.SAM3VisionEncoder",
+                dict(
+                    image_shape=(112, 112, 3),
+                    patch_size=14,
+                    num_layers=2,
+                    fpn_hidden_dim=32,
+                    fpn_scale_factors=[4.0, 2.0, 1.0, 0.5],
+                    pretrain_image_shape=(112, 112, 3),
+                    window_size=2,
+                    global_attn_indexes=[1, 2],
+                    **_SAM3_SIZES,
+                ),
+            ),
+            text_encoder=(
+                "keras_hub.layers.SAM3TextEncoder",
+                dict(vocabulary_size=1024, embedding_dim=32, num_layers=2, **_SAM3_SIZES),
+            ),
+            geometry_encoder=("keras_hub.layers.SAM3GeometryEncoder", dict(num_layers=3, roi_size=7, **_SAM3_SIZES)),
+            detr_encoder=("keras_hub.layers.SAM3DetrEncoder", dict(num_layers=3, **_SAM3_SIZES)),
+            detr_decoder=(
+                "keras_hub.layers.SAM3DetrDecoder",
+                dict(image_shape=(112, 112, 3), patch_size=14, num_layers=2, num_queries=16, **_SAM3_SIZES),
+            ),
+            mask_decoder=(
+                "keras_hub.layers.SAM3MaskDecoder",
+                dict(num_upsampling_stages=3, hidden_dim=32, num_heads=2),
+            ),
+        ),
+        8,
+        32,
+    )
+]
+
+
 def _applications(*names):
     """Keras Applications `names` untrained, at 224 x 224 and batch 256, as config entries."""
     return [(f"{n.lower()} 224 b256", f"keras.applications.{n}", dict(weights=None), 256, None) for n in names]
@@ -1003,7 +1048,7 @@ def config_named(model):
     every = CONFIGS + HELD_OUT + MOE + FULL_SIZE + FAMILIES + FAMILIES_HELD_OUT + LONG_SPANS + MIXED_PRECISION
     every += MIXED_FLOAT16 + CNNS + CNNS_HELD_OUT + CNNS_MAX_POOLS + FAMILIES_UNSEEN + FAMILIES_OUTSIDE_ZOO
     every += NEWEST_FAMILIES
-    every += OTHER_BACKBONES + UNTRIED_BACKBONES + MORE_BACKBONES + TASKS + MIXED_LENGTHS
+    every += OTHER_BACKBONES + UNTRIED_BACKBONES + MORE_BACKBONES + TASKS + MIXED_LENGTHS + SAM3
     return next(c for c in every if c[0].split()[: len(words)] == words)
 
 
@@ -1056,6 +1101,7 @@ def main():
         "--more-backbones", action="store_true", help="ten keras-hub backbones added 2026-11-29 (MORE_BACKBONES)"
     )
     parser.add_argument("--tasks", action="store_true", help="keras-hub tasks, head and loss whole (TASKS)")
+    parser.add_argument("--sam3", action="store_true", help="SAM 3 at keras-hub's test size (SAM3) instead")
     parser.add_argument(
         "--mixed-lengths", action="store_true", help="inputs of different lengths, by name (MIXED_LENGTHS) instead"
     )
@@ -1093,6 +1139,8 @@ def main():
         configs, name = MORE_BACKBONES, "more_backbones"
     elif args.tasks:
         configs, name = TASKS, "tasks"
+    elif args.sam3:
+        configs, name = SAM3, "sam3"
     elif args.mixed_lengths:
         configs, name = MIXED_LENGTHS, "mixed_lengths"
     elif args.cnns:

@@ -18,7 +18,9 @@ carries each split dimension through the operations that read it.
   of a matrix product bring one axis on different dimensions the weight's
   (the right operand's) wins;
 - back from readers: a value an elementwise operation combines with a split
-  one of the same shape is split too (a dropout's random bits and mask);
+  one of the same shape is split too (a dropout's random bits and mask), and
+  a gather's indices where the operand's split dimension is indexed by an
+  iota over one of theirs (`gather_indices`);
 - a loop (scan, while) through its body: its state takes the splits the body
   gives it, and so does its initial value (`_loop`);
 - a buffer a matrix product contracts on a split dimension the other operand
@@ -49,6 +51,8 @@ says. An operation without a rule here makes whole outputs.
 
 import math
 
+from kdist.planning.gather_indices import gather_index_splits
+
 AXES = ("model", "expert")
 
 # Operations whose output has the operand's dimensions in the same positions (sizes may differ: slicing, padding).
@@ -74,6 +78,7 @@ PARAMS = {
     "stack": "axis",
     "unstack": "axis",
     "gather": "dimension_numbers",
+    "iota": "dimension",
     "conv_general_dilated": "dimension_numbers",
     **{r: "axes" for r in _REDUCTIONS},
 }
@@ -191,6 +196,8 @@ def _run(f, lo, hi, env, given, fixed, sizes):
             for x in ins:
                 if not env[x] and f.shape[x] == f.shape[outs[0]] and x not in fixed:
                     env[x] = env[outs[0]]
+        elif name == "gather" and env[ins[0]] and not env[ins[1]] and ins[1] not in fixed:  # an iota's index
+            env[ins[1]] = gather_index_splits(f, f.params[i], ins[0], env[ins[0]], ins[1])
         elif name in LOOPS:  # a loop's initial state takes the state's split
             for x, out in _carried(f.params[i], ins, outs):
                 if not env[x] and x not in fixed:

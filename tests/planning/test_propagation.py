@@ -376,3 +376,25 @@ def test_a_while_loops_state_takes_the_split_its_body_gives_it_and_so_does_its_i
     (loop,) = [i for i, (name, _, _) in enumerate(flat.eqns) if name == "while"]
     initial_state = flat.eqns[loop][1][-1]
     assert flat.shape[initial_state] == (4, 8) and env[initial_state] == {"model": 1}
+
+
+def _sampled(maps, rows, columns):
+    """Each map's channels read at given rows and columns (keras-hub's SAM 3 ROI align): the channel's index is an
+    iota over the indices' last dimension."""
+    channels = keras.ops.arange(maps.shape[-1])[None, None, :]
+    return maps[jnp.arange(maps.shape[0])[:, None, None], rows[:, :, None], columns[:, :, None], channels]
+
+
+def test_a_gathers_indices_take_the_operands_split_where_an_iota_indexes_its_split_dimension():
+    """XLA partitions such a gather along the channels (a parallel dimension): the indices are split as the maps."""
+    closed = jax.make_jaxpr(_sampled)(jnp.zeros((2, 8, 8, 32)), jnp.zeros((2, 5), "int32"), jnp.zeros((2, 5), "int32"))
+    flat = Flat()
+    ins = [flat.new(v.aval) for v in closed.jaxpr.invars]
+    (out,) = flatten(closed, ins, flat)
+    (gather,) = [i for i, (name, _, _) in enumerate(flat.eqns) if name == "gather"]
+    indices = flat.eqns[gather][1][1]
+    assert flat.shape[indices] == (2, 5, 32, 4)
+    env = _run(flat, 0, len(flat.eqns), {}, {ins[0]: {"model": 3}}, frozenset(), {})[0]
+    assert env[indices] == {"model": 2} and env[out] == {}  # the output: as the lookup rule has it
+    rows_split = _run(flat, 0, len(flat.eqns), {}, {ins[0]: {"model": 1}}, frozenset(), {})[0]
+    assert rows_split[indices] == {}  # the rows are indexed by values, not an iota: nothing to partition along
