@@ -11,6 +11,7 @@ from kdist.inspection.inspector import planned_optimizer
 from kdist.keras_internals import array_of, deferred, input_struct, layers, set_path
 from kdist.keras_internals.optimizers import plan_optimizer, state_owners
 from kdist.meshes.spec import ParallelDims
+from kdist.planning.attention import default_attention
 from kdist.planning.step import compute_dtype, trace_step
 from kdist.planning.trace import TRACE_BATCH
 from kdist.rules.registry import placer_for
@@ -165,6 +166,10 @@ class ModelFacts:
             return itemsize(self.dtype)
         return itemsize(compute_dtype(self.model)) if self.is_model else 4
 
+    def _what_if_attention(self):
+        """What Keras takes on the target for the `dtype=` given (a model built in it); None: for the model's own."""
+        return default_attention(self.target.platform, self.dtype) if self.dtype is not None else None
+
     def _trace(self):
         if not self.is_model:
             self.notes.append("activations not estimated: pass the model (not a list of variables) to include them")
@@ -176,7 +181,7 @@ class ModelFacts:
                     self.model,
                     self.inputs,
                     platform=self.target.platform,
-                    attention=self.attention,
+                    attention=self.attention or self._what_if_attention(),
                     remat=self.remat,
                     rules=self.compiler_rules,
                     cache=self._trace_cache,

@@ -120,8 +120,8 @@ def plan(
             the target's compiler, whichever machine computes it.
         attention: "fused" (flash / Splash: no sequence x sequence scores
             kept) or "materialized"; default: what Keras takes on the target
-            for the model's compute dtype (fused on TPU, and on GPU for
-            bfloat16/float16).
+            for the model's compute dtype, or for `dtype` where given (fused on
+            TPU, and on GPU for bfloat16/float16).
         remat: True to rematerialise every layer (`keras.remat`): only layer
             inputs are kept for the backward pass, which recomputes each
             layer's forward (about +33% compute per step).
@@ -300,6 +300,8 @@ def _step_time_note(facts, bandwidth, latency):
 def _attention_why(facts):
     if facts.attention is not None:
         return " (attention= given)"
+    if facts.dtype is not None:
+        return f" (what Keras takes on {facts.target.platform.upper()} for a model built in dtype={facts.dtype!r})"
     return f" (what Keras takes on {facts.target.platform.upper()} for this compute dtype)"
 
 

@@ -85,6 +85,16 @@ def test_the_gpu_default_attention_follows_the_compute_dtype(llama):
     assert mixed.activations < 0.75 * full.activations  # bfloat16 activations (norms and the loss stay f32)
 
 
+def test_the_gpu_default_attention_follows_a_dtype_what_if_as_if_the_model_were_built_in_it(llama):
+    half = kdist.plan(llama, 1, batch_size=4, sequence_length=64, target="gpu", dtype="bfloat16")
+    assert half.attention == "fused" and any("built in dtype='bfloat16'" in n for n in half.notes)
+    given = kdist.plan(llama, 1, batch_size=4, sequence_length=64, target="gpu", dtype="bfloat16", attention="fused")
+    assert half.candidates[0].peak == given.candidates[0].peak
+    assert kdist.plan(llama, 1, batch_size=4, sequence_length=64, target="gpu", dtype="float32").attention == (
+        "materialized"
+    )
+
+
 def test_remat_lowers_the_peak_and_says_what_it_costs(llama):
     plain = kdist.plan(llama, 1, batch_size=8, sequence_length=256)
     remat = kdist.plan(llama, 1, batch_size=8, sequence_length=256, remat=True)
