@@ -14,6 +14,10 @@ from kdist.errors import ArgumentError
 MAX_DEVICES = 1 << 20
 # XLA's CPU client starts one thread pool per device: tens of thousands crash it.
 MAX_FAKE_DEVICES = 4096
+# A global batch of more examples than this is a typo (byte counts of its buffers would overflow 64 bits).
+MAX_BATCH = 1 << 40
+# A collective step slower than this is a unit slip (milliseconds given as seconds); step times would overflow.
+MAX_LATENCY_SECONDS = 60.0
 
 
 _SHOWN = reprlib.Repr()  # Python 3.11's Repr takes no keyword arguments
@@ -55,16 +59,19 @@ def positive_number(value, name, *, unit="", allow_none=False, error=ArgumentErr
     """`value` as a float > 0 (finite), or None when `allow_none`."""
     if value is None and allow_none:
         return None
-    if not _is_real(value) or not 0 < value < float("inf"):
+    if not is_real(value) or not 0 < value < float("inf"):
         accepted = f"a positive number{f' of {unit}' if unit else ''}" + (" or None" if allow_none else "")
         raise error(f"{name} must be {accepted}; received {name}={shown(value)}.")
     return float(value)
 
 
-def non_negative_number(value, name, *, unit="", error=ArgumentError):
-    """`value` as a float >= 0 (finite)."""
-    if not _is_real(value) or not 0 <= value < float("inf"):
+def non_negative_number(value, name, *, unit="", maximum=None, error=ArgumentError):
+    """`value` as a float >= 0 (finite, and <= `maximum`)."""
+    if not is_real(value) or not 0 <= value < float("inf"):
         raise error(f"{name} must be a number >= 0{f' of {unit}' if unit else ''}; received {name}={shown(value)}.")
+    if maximum is not None and value > maximum:
+        unit = f" {unit}" if unit else ""
+        raise error(f"{name}={value} is more than the {maximum:g}{unit} kdist accepts; check the unit.")
     return float(value)
 
 
@@ -76,5 +83,6 @@ def one_of(value, name, choices, *, error=ArgumentError):
     return value
 
 
-def _is_real(value):
+def is_real(value):
+    """Whether `value` is a real number (a numpy scalar too), not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)

@@ -43,8 +43,16 @@ class ModelFacts:
         self.build = None
         if callable(model_or_variables) and not isinstance(model_or_variables, (keras.layers.Layer, list, tuple)):
             self.build = model_or_variables
-            with deferred():
-                model_or_variables = model_or_variables()
+            try:
+                with deferred():
+                    model_or_variables = model_or_variables()
+            except KdistError:
+                raise
+            except Exception as e:  # the caller's own code: name it, with its cause
+                raise ModelError(
+                    f"The function given for the model ({getattr(self.build, '__name__', self.build)!r}) failed "
+                    f"when plan() called it to build the model: {cause(e)}. Fix it, or pass a built model."
+                ) from e
         if not isinstance(model_or_variables, (keras.layers.Layer, list, tuple)):
             raise ModelError(
                 f"plan() needs a Keras model, a function building one, or a list of variables; received "
@@ -77,6 +85,7 @@ class ModelFacts:
         )
         self.owners = state_owners(self.optimizer_variables, self.slots)  # a repeated weight's own state repeats
         self.inputs = _input_shapes(self.model, sequence_length) if self.is_model else None
+        self.notes += _fixed_batches(self.model) if self.inputs is not None else []
         first_tokens = _fixed_sequence_length(self.inputs) if self.inputs is not None else None
         if sequence_length is None:
             self.sequence_length = first_tokens
@@ -287,6 +296,16 @@ def unknown_dims(shape):
     return [i for i, d in enumerate(shape) if d is None and i > 0]
 
 
+def _fixed_batches(model):
+    """A note for each input whose batch size the model fixes: planned at the batch given instead."""
+    return [
+        f"input {t.name!r} of model {model.name!r} fixes its batch at {t.shape[0]} (keras.Input(batch_size=...)): "
+        "planned at each mesh's share of batch_size instead, as fit() feeds it"
+        for t in keras.tree.flatten(input_struct(model))
+        if len(t.shape) and t.shape[0] is not None
+    ]
+
+
 def _input_shapes(model, sequence_length):
     """The model's input structure as ShapeDtypeStructs at batch TRACE_BATCH (None if it has no inputs).
 
@@ -347,7 +366,7 @@ def _input_shapes(model, sequence_length):
             )
         for i, length in zip(unknown, lengths(t, len(unknown)) if unknown else ()):
             dims[i] = length
-        if dims and dims[0] is None:
+        if dims:  # a batch keras.Input(batch_size=...) fixes too: the plan's is batch_size (`_fixed_batches`)
             dims[0] = TRACE_BATCH
         return jax.ShapeDtypeStruct(tuple(dims), t.dtype)
 

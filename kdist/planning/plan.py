@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from kdist.checks import shown
 from kdist.errors import PlanError
 from kdist.presets import build_preset
 from kdist.render.plan import plan_renderables
@@ -186,7 +187,10 @@ class Plan(Report):
         for c in self.candidates:
             if spec in (c.spec, c.shape):
                 return c
-        raise KeyError(f"No candidate {spec!r}; candidates are {[c.spec for c in self.candidates]}.")
+        raise PlanError(
+            f"The plan has no candidate {shown(spec)}; give a spec or shape of one of its candidates: "
+            f"{[c.spec for c in self.candidates]}."
+        )
 
     def preset(self, **kwargs):
         """`kdist.preset` of the recommendation, with the rules the plan used."""

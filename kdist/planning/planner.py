@@ -13,7 +13,7 @@ for the memory model and its calibration.
 
 import time
 
-from kdist.checks import MAX_DEVICES, non_negative_number, one_of, positive_int, shown
+from kdist.checks import MAX_BATCH, MAX_DEVICES, MAX_LATENCY_SECONDS, non_negative_number, one_of, positive_int, shown
 from kdist.errors import PlanError
 from kdist.meshes.enumerate import meshes
 from kdist.planning.attention import ATTENTION
@@ -139,11 +139,11 @@ def plan(
     """
     start = time.perf_counter()
     devices = positive_int(devices, "devices", maximum=MAX_DEVICES, error=PlanError)
-    batch_size = positive_int(batch_size, "batch_size", error=PlanError)
+    batch_size = positive_int(batch_size, "batch_size", maximum=MAX_BATCH, error=PlanError)
     sequence_length = check_sequence_length(sequence_length)
     memory = parse_size(memory_per_device, "memory_per_device") if memory_per_device is not None else None
     bandwidth = parse_size(bandwidth, "bandwidth")
-    latency = non_negative_number(latency, "latency", unit="seconds", error=PlanError)
+    latency = non_negative_number(latency, "latency", unit="seconds", maximum=MAX_LATENCY_SECONDS, error=PlanError)
     dtype = check_dtype(dtype)
     verify = _verify_option(verify)
     target = resolve_target(target)

@@ -14,7 +14,7 @@ import os
 
 import jax
 
-from kdist.checks import shown
+from kdist.checks import is_real, shown
 from kdist.devices import has_accelerator_plugin
 from kdist.errors import ArgumentError
 from kdist.jax_internals import backends_initialized, memory_limit
@@ -193,7 +193,7 @@ def local_target():
 
 def check_margin(margin):
     """`margin` as a float in [0, 1)."""
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+    if not is_real(margin) or not 0 <= margin < 1:
         raise ArgumentError(
             f"margin must be a fraction of the memory in [0, 1), e.g. 0.1; received margin={shown(margin)}."
         )

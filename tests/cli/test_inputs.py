@@ -24,6 +24,7 @@ CASES = [
     (["plan", "mlp", "--devices", "0", "--batch-size", "8"], "expected an integer >= 1"),
     (["plan", "mlp", "--devices", "10000000000", "--batch-size", "8"], "devices=10000000000 is more than"),
     (["plan", "mlp", "--devices", "8", "--batch-size", "8", "--memory", "eighty"], "--memory='eighty' is not a size"),
+    (["plan", "mlp", "--devices", "8", "--batch-size", "8", "--memory", ""], "--memory='' is not a size"),
     (["plan", "mlp", "--devices", "8", "--batch-size", "8", "--optimizer", "adamz"], "Unknown optimizer 'adamz'"),
     (["plan", "mlp", "--devices", "8", "--batch-size", "8", "--dtype", "int8"], "dtype must be a floating-point"),
     (["plan", "mlp", "--devices", "8", "--batch-size", "8", "--bandwidth", "lots"], "bandwidth='lots' is not a size"),

@@ -1,6 +1,7 @@
 """Bad input to kdist.plan and preset("auto"): a kdist error naming the argument, the value and what would do."""
 
 import keras
+import numpy as np
 import pytest
 
 import kdist
@@ -68,6 +69,10 @@ CASES = [
     (plan(memory_per_device=[[[[1]]]]), SizeError, "memory_per_device must be a number", "list"),
     (plan(bandwidth="fast"), SizeError, "bandwidth='fast' is not a size"),
     (plan(latency=-1), PlanError, "latency must be a number >= 0", "latency=-1"),
+    (plan(latency=1e308), PlanError, "latency=1e+308 is more than the 60 seconds", "check the unit"),
+    (plan(batch_size=2**64), PlanError, f"batch_size={2**64} is more than", "check for a typo"),
+    (lambda: kdist.plan(lambda: 1 / 0, 8, batch_size=8), ModelError, "('<lambda>') failed", "ZeroDivisionError"),
+    (lambda: kdist.plan(MODEL, 8, batch_size=8).candidate("bogus"), PlanError, "no candidate 'bogus'", "'data=8'"),
     (plan(rules="nosuchfamily"), RuleError, "Unknown rule set 'nosuchfamily'", "llama"),
     (plan(rules=3), ArgumentTypeError, "rules must be", "received int"),
     (plan(verify="yes"), PlanError, "verify must be True, False or a list of candidate specs", "'yes'"),
@@ -159,6 +164,26 @@ class _ReadsAValue(keras.layers.Layer):
 
     def compute_output_spec(self, x):
         return keras.KerasTensor(x.shape, x.dtype)
+
+
+def test_a_margin_of_any_real_number_type_is_taken():
+    assert kdist.plan(MODEL, 8, batch_size=8, margin=np.float32(0.25)).margin == 0.25
+
+
+def _fixed_batch(batch):
+    def build():
+        inputs = keras.Input((16,), batch_size=batch)
+        return keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Dense(256)(inputs)))
+
+    return build
+
+
+def test_an_input_with_a_fixed_batch_is_planned_at_the_batch_given_and_the_plan_says_so():
+    fixed = kdist.plan(kdist.abstract_model(_fixed_batch(4)), 2, batch_size=512)
+    free = kdist.plan(kdist.abstract_model(_fixed_batch(None)), 2, batch_size=512)
+    assert [c.peak for c in fixed.candidates] == [c.peak for c in free.candidates]
+    assert any("fixes its batch at 4" in note for note in fixed.notes)
+    assert not any("fixes its batch" in note for note in free.notes)
 
 
 def test_a_failed_layer_that_reads_no_position_table_gets_no_table_hint():

@@ -87,7 +87,7 @@ def run(args):
         sequence_length=args.seq_len,
         optimizer=args.optimizer,
         dtype=args.dtype,
-        memory_per_device=parse_size(args.memory, "--memory") if args.memory else None,
+        memory_per_device=parse_size(args.memory, "--memory") if args.memory is not None else None,
         bandwidth=args.bandwidth,
         latency=args.latency,
         rules=args.rules,
