@@ -34,7 +34,7 @@ def evaluate(facts, axes, batch_size, bandwidth, latency, timing=True):
     for term, value in memory_terms(facts, rows, axes, batch_size).items():
         setattr(candidate, term, value)
     candidate.band, candidate.band_class, candidate.band_why = band(facts, axes, candidate.peak)
-    split = axes.get("data", 1) * axes.get("fsdp", 1)
+    split = batch_shards(axes)
     trainable = [r for r in rows if r.kind == "trainable"]
     scale = itemsize(facts.dtype) if facts.dtype is not None else None
     candidate.comm = communication(facts, trainable, axes, -(-batch_size // split), bandwidth, latency, scale)
@@ -46,6 +46,24 @@ def evaluate(facts, axes, batch_size, bandwidth, latency, timing=True):
             candidate.flops, candidate.hbm_bytes = estimate["flops"], estimate["hbm_bytes"]
     candidate.valid, candidate.reason = validity([r for r in rows if r.kind != "optimizer"], axes, batch_size, split)
     return candidate
+
+
+def batch_shards(axes):
+    """How many ways mesh `axes` (role -> size) splits the batch: data x fsdp."""
+    return axes.get("data", 1) * axes.get("fsdp", 1)
+
+
+def smallest_valid_batch(facts, candidates, batch_size):
+    """(batch, candidate): the smallest batch size above `batch_size` that makes one of `candidates` valid (the first
+    multiple of its batch shards), or None where no batch size would (every weight axis replicates everything)."""
+    found = []
+    for c in candidates:
+        split = batch_shards(c.axes)
+        batch = -(-batch_size // split) * split
+        rows = [r for r in placed_variables(facts, ParallelDims.from_sizes(c.axes)) if r.kind != "optimizer"]
+        if batch > batch_size and validity(rows, c.axes, batch, split)[0]:
+            found.append((batch, c))
+    return min(found, key=lambda pair: pair[0], default=None)
 
 
 REASONS_SEPARATOR = "; "  # between the reasons in a candidate's `band_why`

@@ -2,7 +2,7 @@
 
 from kdist.checks import MAX_DEVICES
 from kdist.meshes.enumerate import meshes
-from kdist.planning.candidates import evaluate
+from kdist.planning.candidates import batch_shards, evaluate, smallest_valid_batch
 from kdist.render.plan import short_seconds
 from kdist.units import human_bytes
 
@@ -25,7 +25,7 @@ def rank(result, facts):
     result.candidates = ordered
     valid = [c for c in ordered if c.valid]
     if not valid:
-        result.advice = _no_valid_mesh(result)
+        result.advice = _no_valid_mesh(result, facts)
         return
     fitting = [c for c in valid if c.fits is not False]
     if not fitting:
@@ -96,17 +96,24 @@ def _why_fastest(best, fitting):
     return text
 
 
-def _no_valid_mesh(result):
-    reasons = sorted({c.reason for c in result.candidates if c.reason})
+def _no_valid_mesh(result, facts):
     n, b = result.devices, result.batch_size
-    suggestion = (
-        f"use a batch size divisible by {n}" if b % n else "use a device count the model's dimensions divide by"
+    by_batch = [c for c in result.candidates if c.reason.startswith("batch size")]
+    shards = [str(s) for s in sorted({batch_shards(c.axes) for c in by_batch})]
+    listed = ", ".join(shards[:-1]) + " or " if len(shards) > 1 else ""
+    reasons = (
+        [f"batch size {b} does not divide by the {listed}{shards[-1]} batch shards (data x fsdp)"] if shards else []
     )
+    reasons += sorted({c.reason for c in result.candidates if c.reason} - {c.reason for c in by_batch})
+    smallest = smallest_valid_batch(facts, result.candidates, b)
+    if smallest is not None:
+        result.suggestions["batch_size"] = smallest[0]
+        fix = f"batch_size={smallest[0]}, the smallest that makes a mesh valid ({smallest[1].spec}), or "
+    else:
+        fix = "rules that split more weights, or "
     return (
-        f"No mesh of {n} devices is valid for {result.model!r} with batch size {b}: "
-        + "; ".join(reasons)
-        + f". To plan: {suggestion} (e.g. batch_size={n * max(1, -(-b // n))}), or a device count that divides the "
-        "batch."
+        f"No mesh of {n} devices is valid for {result.model!r} with batch size {b}: {'; '.join(reasons)}. To plan: "
+        f"{fix}a device count that divides the batch and the model's dimensions."
     )
 
 

@@ -142,6 +142,17 @@ def test_a_device_count_with_no_valid_mesh_gets_an_answer(plans):
         result.preset()
 
 
+def test_no_valid_mesh_suggests_the_smallest_batch_that_makes_one_valid(plans):
+    """On 12 devices no weight of the MLP divides by a model axis of 3, 6 or 12, and batch 8 divides by none of the
+    meshes' 3, 6 or 12 batch shards: batch 9 makes data=3,model=4 valid (12 was suggested before)."""
+    model, _ = plans["mlp"]
+    result = kdist.plan(model, 12, batch_size=8)
+    assert result.recommendation is None and result.suggestions == {"batch_size": 9}
+    assert "does not divide by the 3, 6 or 12 batch shards" in result.advice
+    assert "batch_size=9, the smallest that makes a mesh valid (data=3,model=4)" in result.advice
+    assert kdist.plan(model, 12, batch_size=9).candidate("data=3,model=4").valid
+
+
 def test_batch_not_divisible_marks_those_candidates_invalid(plans):
     model, _ = plans["mlp"]
     result = kdist.plan(model, 8, batch_size=12)
