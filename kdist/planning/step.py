@@ -211,9 +211,15 @@ class _Walk:
         except KdistError:
             raise
         except Exception as e:  # any failure of a layer's own code under tracing: name the layer
+            why = cause(e)
+            batch = (
+                f" (a batch of {TRACE_BATCH} is the planner's: it traces at that batch)"
+                if str(TRACE_BATCH) in why
+                else ""
+            )
             error = PlanError(
                 f"The planner could not trace layer {op.name!r} ({type(op).__name__}) of the training step: "
-                f"{cause(e)}. Plan the model's variables instead (kdist.plan(model.weights, ...): "
+                f"{why}{batch}. Plan the model's variables instead (kdist.plan(model.weights, ...): "
                 "weights and optimizer state, no activations), or report the layer."
             )
             error.layers = (op, *layers(op), *(output_layer(t) for _, t in tensors))  # it, within it, read by it

@@ -150,6 +150,7 @@ def test_a_sequence_shorter_than_a_table_its_layer_adds_whole_names_the_table():
         lambda: kdist.plan(model, 2, batch_size=8, sequence_length=8),
         PlanError,
         "could not trace layer",
+        "(a batch of 7919 is the planner's: it traces at that batch)",
         "Layer 'embedding' (SigLIPTextEmbedding) holds positions for 16 tokens",
         "sequence_length=8",
         "pass sequence_length=16",
