@@ -80,7 +80,8 @@ tasks, head and loss whole (`TASKS`: the causal LMs of Llama 3, Qwen3, Gemma 3 a
 16384, BART's seq2seq LM, a BERT text classifier), into planner_vs_deviceless_tasks.json; with --mixed-lengths four
 whose inputs differ in length, given by name (`MIXED_LENGTHS`: T5 and BART at 512 source and 128 target tokens,
 Whisper at 1000 audio frames and 128 tokens, SAM with a point and a box), into
-planner_vs_deviceless_mixed_lengths.json;
+planner_vs_deviceless_mixed_lengths.json; with --sam3 SAM 3 at the size of keras-hub's own test (`SAM3`), into
+planner_vs_deviceless_sam3.json;
 with --long-spans Qwen3.5,
 whose gated delta net runs about 500 kernels in one sublayer's backward,
 into planner_vs_deviceless_long_spans.json; with --mixed-precision eight of

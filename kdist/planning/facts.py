@@ -8,10 +8,11 @@ import keras
 from kdist.checks import is_int, shown
 from kdist.errors import ArgumentError, ArgumentTypeError, KdistError, ModelError, PlanError, cause
 from kdist.inspection.inspector import planned_optimizer
-from kdist.keras_internals import array_of, deferred, input_struct, layers, set_path
+from kdist.keras_internals import array_of, deferred, input_struct, set_path
 from kdist.keras_internals.optimizers import plan_optimizer, state_owners
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.attention import default_attention
+from kdist.planning.position_tables import overrun, position_table_hint, shorter_tables
 from kdist.planning.step import compute_dtype, trace_step
 from kdist.planning.trace import TRACE_BATCH
 from kdist.rules.registry import placer_for
@@ -196,10 +197,10 @@ class ModelFacts:
                     cache=self._trace_cache,
                 )
             except PlanError as e:
-                shorter = _shorter_tables(self.model, self.sequence_length)
+                shorter = shorter_tables(self.model, self.sequence_length)
                 if shorter:  # the likely cause: a table the sequence overruns
-                    raise ArgumentError(_overrun(self.model, self.sequence_length, shorter)) from e
-                hint = _position_table_hint(self.model, self.sequence_length, getattr(e, "layers", ()))
+                    raise ArgumentError(overrun(self.model, self.sequence_length, shorter)) from e
+                hint = position_table_hint(self.model, self.sequence_length, getattr(e, "layers", ()))
                 if hint:
                     raise PlanError(f"{e}{hint}") from e
                 raise
@@ -217,10 +218,10 @@ class ModelFacts:
             )
             return None
         self.notes.extend(traced.notes)
-        shorter = _shorter_tables(self.model, self.sequence_length)
+        shorter = shorter_tables(self.model, self.sequence_length)
         if shorter:
             self.notes.append(
-                f"{_overrun(self.model, self.sequence_length, shorter, fix=False)} The step traced: a layer shortens "
+                f"{overrun(self.model, self.sequence_length, shorter, fix=False)} The step traced: a layer shortens "
                 "its input before the table, as Whisper's strided encoder does; check the model runs at that length"
             )
         return traced
@@ -371,62 +372,6 @@ def _input_shapes(model, sequence_length):
         return jax.ShapeDtypeStruct(tuple(dims), t.dtype)
 
     return keras.tree.map_structure(struct, inputs)
-
-
-def _position_layers(model):
-    """(layer, length) for each learned position table of the model.
-
-    A position layer is one named so, or one whose `sequence_length` is the
-    length of a table it holds (SigLIP's text embedding sums a token and a
-    position table in one layer).
-    """
-    for layer in layers(model):
-        length = getattr(layer, "sequence_length", None)
-        if not isinstance(length, int):
-            continue
-        if "Position" in type(layer).__name__ or any(v.shape[:1] == (length,) for v in layer.weights):
-            yield layer, length
-
-
-def _shorter_tables(model, sequence_length):
-    """(layer, length) of each learned position table shorter than one `sequence_length` (by name: not checked)."""
-    if not is_int(sequence_length):
-        return []
-    return [(layer, length) for layer, length in _position_layers(model) if length < sequence_length]
-
-
-def _overrun(model, sequence_length, shorter, fix=True):
-    """What a sequence longer than learned position tables meets (a step that could not run), and what to pass."""
-    tables = "; ".join(
-        f"layer {layer.name!r} ({type(layer).__name__}) holds positions for {n} tokens" for layer, n in shorter
-    )
-    shortest = min(length for _, length in shorter)
-    advice = f" Pass sequence_length <= {shortest}, or build the model with longer position tables." if fix else ""
-    return f"sequence_length={sequence_length} is longer than model {model.name!r} takes: {tables}.{advice}"
-
-
-def _position_table_hint(model, sequence_length, failed):
-    """For a trace that failed at the layers `failed` (one, its sublayers, those it reads): the learned position
-    tables among them that the traced lengths may not fit (a layer may add its whole table, or take no more
-    positions than it holds)."""
-    tables = [(layer, length) for layer, length in _position_layers(model) if any(layer is f for f in failed)]
-    if sequence_length is None:
-        return ""
-    if isinstance(sequence_length, dict):
-        held = ", ".join(f"{layer.name!r} ({type(layer).__name__}) {length}" for layer, length in tables)
-        return (
-            f" The model's learned position tables hold these many positions: {held}. An input longer than the table "
-            "it reaches cannot be traced, and a layer that adds its whole table needs exactly its length: check "
-            f"sequence_length={shown(sequence_length)} against them."
-            if tables
-            else ""
-        )
-    return "".join(
-        f" Layer {layer.name!r} ({type(layer).__name__}) holds positions for {length} tokens and the step was "
-        f"traced with sequence_length={sequence_length}: if it adds its whole table, pass sequence_length={length}."
-        for layer, length in tables
-        if length > sequence_length
-    )
 
 
 def _fixed_sequence_length(inputs):
