@@ -2,9 +2,10 @@
 
 Each call is traced with `jax.vjp` under `jax.make_jaxpr`, from abstract
 weights and inputs: nothing is compiled or allocated. Sub-programs (jit,
-custom_jvp / custom_vjp, checkpoint) are inlined, so the result is one
-straight-line list of operations per call: the forward part, then the
-backward part. `kdist.planning.buffers` decides which of its values XLA
+custom_jvp / custom_vjp, checkpoint) are inlined, and so is the branch a
+`cond` takes where a static size fixes its index (XLA folds it), so the
+result is one straight-line list of operations per call: the forward part,
+then the backward part. `kdist.planning.buffers` decides which of its values XLA
 would write to memory; `kdist.planning.step` strings the calls of a model
 together.
 """
