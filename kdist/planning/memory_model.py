@@ -201,11 +201,11 @@ def regathered(facts, rows, axes, factor):
     sizes, split = np.asarray(step.size, dtype=np.float64), factor * shares
     extra = sizes * (factor - split)
     for t, reads in reduction_groups(step, sizes * split):
-        copies[t] += sum(extra[np.unique(read)].sum() for read in reads)
-    weight_gradients = {t for t, _, _ in step.gradient_kernels()}
-    for t, (_, read, _) in enumerate(step.events):
-        if t not in weight_gradients:
-            copies[t] += extra[list(set(read))].sum()
+        copies[t] += extra[np.concatenate(reads)].sum()
+    events, buffers = step.reads()
+    others = np.bincount(events, weights=extra[buffers], minlength=len(step.events))
+    others[[t for t, _, _ in step.gradient_kernels()]] = 0  # the weight gradients' kernels: by group, above
+    copies[: len(step.events)] += others
     return split, copies
 
 

@@ -202,8 +202,8 @@ def _notes(facts, bandwidth, latency):
     notes.append(_step_time_note(facts, bandwidth, latency))
     if facts.remat:
         notes.append(
-            "remat: each layer's forward is recomputed in the backward pass, about +33% compute per step (a "
-            "forward is about a third of forward + backward)"
+            "remat: each layer's forward is recomputed in the backward pass, up to about +33% compute per step (a "
+            "forward is about a third of forward + backward); each mesh's compute time counts what is recomputed"
         )
     return notes
 

@@ -163,13 +163,16 @@ def _with_remat(result, facts, valid):
     best = None
     for c in valid:
         peak = evaluate(rematted, c.axes, result.batch_size, result.bandwidth, result.latency, False).peak
-        best = (peak, c.spec) if best is None or peak < best[0] else best
-    if best[0] > result.budget:
+        best = (peak, c) if best is None or peak < best[0] else best
+    peak, c = best
+    if peak > result.budget:
         return None
-    return (
-        f"remat=True (per-layer rematerialisation: {best[1]} then peaks at {human_bytes(best[0])}, at about +33% "
-        "compute per step)"
-    )
+    timed = evaluate(rematted, c.axes, result.batch_size, result.bandwidth, result.latency)
+    if timed.compute_seconds and c.compute_seconds:
+        cost = f"+{timed.compute_seconds / c.compute_seconds - 1:.0%} compute per step, estimated"
+    else:
+        cost = "about +33% compute per step, each layer's forward made again"
+    return f"remat=True (per-layer rematerialisation: {c.spec} then peaks at {human_bytes(peak)}, at {cost})"
 
 
 def _largest_fitting_batch(result, facts, valid):

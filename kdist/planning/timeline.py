@@ -47,7 +47,7 @@ class Step:
         self.column_rows = {}  # a column reduction's side output -> rows it sums per example (`column_reductions`)
         self.conv_kernels = {}  # variable -> [the weight a forward convolution reads, events reading it or a copy]
         # caches of what the events give: `lifetimes`, `gradient_kernels`, `branches.forks`
-        self._life = self._gradient_kernels = self._forks = None
+        self._life = self._gradient_kernels = self._forks = self._reads = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
         # shapes of the operation it runs (and its kind, for `gradient_kernels`); per variable: the events using
         # it and its final gradient buffer.
@@ -212,7 +212,7 @@ class Step:
         self._add_gathers(remat, gather_itemsize)
         convolutions.add_kernel_copies(self)
         self._add_unreduced()
-        self._life = self._gradient_kernels = self._forks = None
+        self._life = self._gradient_kernels = self._forks = self._reads = None
 
     def _fft_copies(self, buffers):
         """An FFT's whole copies of its operand and output, `buffers`: gathered copies alive while it runs, on
@@ -317,8 +317,15 @@ class Step:
         self._life = (born, last, external, np.array(reused, dtype=int))
         return self._life
 
+    def reads(self):
+        """(events, buffers): two arrays pairing each event with each buffer it reads, once (computed once)."""
+        if self._reads is None:
+            pairs = [(t, b) for t, (_, used, _) in enumerate(self.events) for b in set(used)]
+            self._reads = tuple(np.array([pair[i] for pair in pairs], dtype=int) for i in (0, 1))
+        return self._reads
+
     def gradient_kernels(self):
-        """(event, gradient buffers it makes, buffers it reads) of each backward kernel making weight gradients.
+        """(event, gradient buffers it makes, buffers it reads, once) of each backward kernel making weight gradients.
 
         Left out: a reduction whose gradient has the shape of what a reduction of the input gradient's path
         makes from a buffer it reads too (BatchNormalization's scale and offset gradients: the per-channel sums
@@ -336,7 +343,7 @@ class Step:
                 read = [u for u in used if self.term[u] != "external"]
                 if self.event_kinds[t] == "reduction" and self._has_sibling(t, grads[0], read, reductions):
                     continue
-                self._gradient_kernels.append((t, np.array(grads, dtype=int), np.array(read, dtype=int)))
+                self._gradient_kernels.append((t, np.array(grads, dtype=int), np.unique(np.array(read, dtype=int))))
         return self._gradient_kernels
 
     def _has_sibling(self, t, grad, read, reductions):

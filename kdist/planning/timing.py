@@ -83,9 +83,12 @@ def step_time(facts, rows, axes, local_batch, comm, factor):
     # FLOPs of each kernel on one device: the batch shard, the model/expert split of its operands.
     event_split = np.ones(n_events)
     np.minimum.at(event_split, static["pair_event"], model_split_factors(facts, rows, axes)[static["pair_buffer"]])
-    # A kernel reading (or making the gradient of) a weight is split as that weight is over model/expert.
+    # A kernel reading (or making the gradient of) weights is split as the most split of them is over model/expert
+    # (a product's kernel, not the replicated bias or norm scale fused beside it).
     weight_split = np.array([r.gathered_bytes / (r.full_bytes or 1) for r in rows[: len(facts.variables)]] + [1.0])
-    event_split = np.where(static["event_rep"] >= 0, weight_split[static["event_rep"]], event_split)
+    by_weights = np.full(n_events, np.inf)
+    np.minimum.at(by_weights, static["weight_pair_event"], weight_split[static["weight_pair_rep"]])
+    event_split = np.where(np.isfinite(by_weights), by_weights, event_split)
     flops = static["flops"] * event_split * np.where(static["batched"], local_batch / TRACE_BATCH, 1.0)
     peak = np.array([flops_per_s.get(facts.dtype or d, flops_per_s["float32"]) for d in static["dtypes"]])
     seconds = np.maximum(flops / peak[static["dtype_id"]], hbm / bandwidth)
@@ -162,13 +165,12 @@ def _static(facts):
     var = [step.weight_of.get(g) for g in range(len(step.size))]
     rep = np.array([rep_of[v] if v is not None else -1 for v in var], dtype=int)
     pair_event, pair_buffer = np.array(pair_event, dtype=int), np.array(pair_buffer, dtype=int)
-    event_rep = np.full(len(step.events), -1)
-    if len(pair_event):
-        np.maximum.at(event_rep, pair_event, rep[pair_buffer])
+    pair_rep = rep[pair_buffer]
     static = {
-        "event_rep": event_rep,
-        "pair_event": np.array(pair_event, dtype=int),
-        "pair_buffer": np.array(pair_buffer, dtype=int),
+        "weight_pair_event": pair_event[pair_rep >= 0],
+        "weight_pair_rep": pair_rep[pair_rep >= 0],
+        "pair_event": pair_event,
+        "pair_buffer": pair_buffer,
         "batched": np.array(batched, dtype=bool),
         "flops": np.array(step.event_flops, dtype=np.float64),
         "dtypes": dtypes,

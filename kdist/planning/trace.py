@@ -20,6 +20,7 @@ import keras
 from jax.extend.core import Literal
 
 from kdist.keras_internals import nodes_by_depth, operation_fn, sublayers
+from kdist.planning.attention import FUSED, fused_flops
 from kdist.planning.propagation import LOOPS, PARAMS
 from kdist.units import is_float
 
@@ -92,15 +93,19 @@ class Loop:
 
 
 def eqn_flops(eqn):
-    """FLOPs of a matrix product or convolution (2 per multiply-add) at the traced shapes; 0 for anything else.
+    """FLOPs of a matrix product, convolution or fused attention (2 per multiply-add) at the traced shapes; 0 for
+    anything else.
 
     dot_general: 2 x |output| x |contracted dimensions|. conv_general_dilated:
     2 x |output| x |kernel| / output features (each output element is one
     dot product over a kernel's input features x window; this also holds for
     grouped convolutions and for the weight-gradient convolution), divided by
     the input dilation: the input gradient of a strided convolution is a
-    convolution of the cotangent spread with zeros, which cuDNN skips.
+    convolution of the cotangent spread with zeros, which cuDNN skips. Fused attention:
+    `kdist.planning.attention.fused_flops`.
     """
+    if eqn.primitive in FUSED:
+        return fused_flops(eqn)
     name = eqn.primitive.name
     if name not in ("dot_general", "conv_general_dilated"):
         return 0

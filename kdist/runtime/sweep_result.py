@@ -163,21 +163,25 @@ class SweepResult(Report):
 
     @property
     def estimate_caption(self):
-        """What the estimate columns stand beside on CPU devices ("" elsewhere)."""
+        """What the estimate column stands beside on CPU devices ("" elsewhere)."""
         if self.machine["platform"] != "cpu":
             return ""
         low, high = CPU_PROXY_RATIO["transformers"]
-        text = (
+        return (
             "estimate: kdist.plan's peak for its default target (a GPU), beside XLA:CPU's compiled figure, a proxy "
             f"that ran {low:.1f}-{high:.1f}x the H100's for transformers."
         )
+
+    @property
+    def step_estimate_caption(self):
+        """What the estimated step times are for, and on CPU devices what they stand beside ("" without them)."""
         targets = sorted({r.estimate_target for r in self.rows if r.estimate_step_time is not None})
-        if targets:
-            text += (
-                f" est. ms: the planner's estimated step time on {'/'.join(targets)}; the measured step ms here "
-                "are CPU proxies, not comparable with it."
-            )
-        return text
+        if not targets:
+            return ""
+        text = f"est. ms: kdist.plan's estimated step time on {'/'.join(targets)} (an estimate, not measured)"
+        if self.machine["platform"] == "cpu":
+            return text + "; the measured step ms here are CPU proxies, not comparable with it."
+        return text + "; meas/est: measured / estimated."
 
     def to_dict(self):
         return {

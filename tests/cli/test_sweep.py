@@ -34,3 +34,13 @@ def test_cli_sweep(tmp_path, capsys):
     assert [r["status"] for r in rows] == ["ok", "failed"]
     assert main(["sweep", "no-such-model"]) == 2
     assert "kdist: error: Unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_cli_sweep_top_beyond_the_plan_sweeps_every_fitting_mesh_and_says_so(capsys):
+    argv = ["sweep", "tests.runtime.test_sweeps:tiny_model", "--top", "99", "--steps", "1", "--warmup", "0"]
+    assert main([*argv, "--batch-size", "8"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    swept = int(out.split("--top 99: the plan ranks ")[1].split()[0])
+    assert 1 < swept < 99 and out.endswith("meshes that fit; all were swept.")
+    # fake CPU devices: the measured times are proxies, so no measured / estimated ratio is shown
+    assert "est. ms" in out and "meas/est" not in out and "CPU proxies, not comparable" in out

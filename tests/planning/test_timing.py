@@ -52,21 +52,38 @@ def test_a_large_product_is_compute_bound_at_the_peak():
     assert c.flops / H100_TF32 <= c.compute_seconds <= 1.3 * c.flops / H100_TF32
 
 
-def test_a_llamas_flops_are_6_n_tokens_plus_attention():
+@pytest.mark.parametrize("attention, products", [("materialized", 12), ("fused", 14)])
+def test_a_llamas_flops_are_6_n_tokens_plus_attention(attention, products):
     """The textbook count: 6 x (matrix weights) x tokens, plus 12 x layers x batch x sequence^2 x hidden for
-    the attention products (QK^T and AV, forward and backward); embeddings are lookups, norms are not counted."""
+    the attention products (QK^T and AV, forward and backward; 14 fused: its backward makes QK^T again);
+    embeddings are lookups, norms are not counted."""
     pytest.importorskip("keras_hub")
     from kdist import zoo
 
     model = zoo.load_model("tiny-llama3")
     config = model.get_config()
     batch, sequence = 8, 16
-    c = kdist.plan(model, 1, batch_size=batch, sequence_length=sequence, target="H100").candidates[0]
+    plan = kdist.plan(model, 1, batch_size=batch, sequence_length=sequence, target="H100", attention=attention)
+    c = plan.candidates[0]
     matrices = sum(math.prod(v.shape) for v in model.trainable_variables if len(v.shape) >= 2)
     matrices -= sum(math.prod(v.shape) for v in model.trainable_variables if "embedding" in v.path)
     layers, hidden = config["num_layers"], config["hidden_dim"]
-    textbook = 6 * batch * sequence * matrices + 12 * layers * batch * sequence**2 * hidden
+    textbook = 6 * batch * sequence * matrices + products * layers * batch * sequence**2 * hidden
     assert c.flops == pytest.approx(textbook, rel=1e-4)
+
+
+def test_every_mesh_splits_the_steps_flops_when_every_weight_divides():
+    """A product fused with a replicated bias or norm scale is split as its kernel is: GPT-2's (8 heads, hidden 64)
+    per-device FLOPs times 8 are one device's on every mesh of 8 (model=8 counted 1.8x before)."""
+    pytest.importorskip("keras_hub")
+    from kdist import zoo
+
+    gpt2 = zoo.tiny_entries()["gpt2"]
+    one = kdist.plan(gpt2, 1, batch_size=16, sequence_length=16, target="H100").candidates[0].flops
+    result = kdist.plan(gpt2, 8, batch_size=16, sequence_length=16, target="H100")
+    assert {c.spec: c.flops * 8 / one for c in result.candidates} == pytest.approx(
+        {c.spec: 1.0 for c in result.candidates}
+    )
 
 
 def test_pure_data_parallel_all_reduces_the_gradients_and_hides_all_but_the_last_layers():

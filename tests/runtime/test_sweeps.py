@@ -145,7 +145,7 @@ def test_the_planner_step_time_stands_beside_the_measured_one(result):
     for r in result.ok_rows:
         assert r.estimate_step_time > 0 and r.estimate_target == "gpu"
         assert r.measured_over_estimate == pytest.approx(r.step_time / r.estimate_step_time)
-    assert "CPU proxies, not comparable" in result.estimate_caption
+    assert "CPU proxies, not comparable" in result.step_estimate_caption
     records = list(csv.DictReader(io.StringIO(result.to_csv())))
     assert float(records[0]["estimate_step_time_ms"]) > 0
 

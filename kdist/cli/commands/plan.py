@@ -48,7 +48,7 @@ def register(commands, common):
         help="attention as the target runs it (default: Keras's choice there)",
     )
     parser.add_argument(
-        "--remat", action="store_true", help="rematerialise every layer: less memory, about +33%% compute"
+        "--remat", action="store_true", help="rematerialise every layer: less memory, up to about +33%% compute"
     )
     parser.add_argument(
         "--margin",

@@ -78,6 +78,8 @@ def run(args):
         top=args.top,
     )
     console.print(result)
+    if args.top is not None and len(result.rows) < args.top:
+        console.print(f"--top {args.top}: the plan ranks {len(result.rows)} meshes that fit; all were swept.")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
