@@ -2,11 +2,12 @@
 
 The planner's compute time starts from the FLOPs of each kernel of the traced
 step, split per device as the batch shard and the model/expert split say
-(`kdist.planning.timing`). This checks that split against XLA: each config of
-`planner_vs_deviceless_sharded.py` (`--families`: eight keras-hub families,
-the twelve held out, the three MoE configs) is planned for target "H100" and
-every mesh is compiled by XLA:CPU on fake CPU devices (`verify=True`), whose
-SPMD partitioner splits the step as XLA:GPU's does. A deviceless XLA:GPU
+(`kdist.planning.timing`). This checks that split against XLA: the configs
+of `planner_vs_deviceless_sharded.py --families`, `--families-held-out` and
+`--moe` (twenty keras-hub families, three MoE configs) are planned for
+target "H100", and every mesh of each is compiled by XLA:CPU on fake CPU
+devices (`verify=[mesh]`), whose SPMD partitioner splits the step as
+XLA:GPU's does. A deviceless XLA:GPU
 compile has no cost analysis (jax returns None), so XLA:CPU's is the
 reference. Per device and mesh each row holds:
 
