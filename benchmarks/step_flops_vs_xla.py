@@ -7,9 +7,9 @@ of `planner_vs_deviceless_sharded.py --families`, `--families-held-out` and
 `--moe` (twenty keras-hub families, three MoE configs) are planned for
 target "H100", and every mesh of each is compiled by XLA:CPU on fake CPU
 devices (`verify=[mesh]`), whose SPMD partitioner splits the step as
-XLA:GPU's does. A deviceless XLA:GPU
-compile has no cost analysis (jax returns None), so XLA:CPU's is the
-reference. Per device and mesh each row holds:
+XLA:GPU's does. A deviceless XLA:GPU compile has no cost analysis (jax
+returns None), so XLA:CPU's is the reference. Per device and mesh each row
+holds:
 
 - `flops`: the estimate's (products and convolutions, `kdist.planning.trace.eqn_flops`);
 - `xla_flops`: XLA's cost analysis of the compiled step (products and every
@@ -88,6 +88,7 @@ def main():
             plan = kdist.plan(build, args.devices, **options, verify=[mesh])  # one at a time: each compile's text
             c = plan.candidate(mesh)
             if not c.compiled or "flops" not in c.compiled:
+                print(f"{label:44} {mesh:22} not compared: XLA gave no cost analysis", flush=True)
                 continue
             row = dict(config=label, mesh=mesh, flops=c.flops, xla_flops=c.compiled["flops"])
             row["xla_product_flops"] = product_flops(texts["last"])
