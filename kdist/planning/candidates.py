@@ -11,6 +11,7 @@ from kdist.planning.calibration import (
     MIXED_PRECISION_HIGH,
     MOE_FSDP_HIGH,
     MOE_HIGH,
+    SHARED_INPUT_HIGH,
     SOFT_CAP_HIGH,
     band_class,
 )
@@ -94,6 +95,14 @@ def band(facts, axes, peak):
             "a logit soft cap on the attention scores: XLA:GPU keeps values of the capped scores that the estimate "
             f"fuses away (kdist's Gemma 2 at hidden 256 on 4 to 16 H100s came to up to {SOFT_CAP_HIGH:.2f}x the "
             "estimate), so the band reaches that"
+        )
+    if facts.traced.shared_input and axes.get("model", 1) > 1 and SHARED_INPUT_HIGH > high:
+        high = SHARED_INPUT_HIGH
+        reasons.append(
+            "an activation several layers read (an encoder's output, read by each decoder layer's cross attention) on "
+            "a model axis: XLA:GPU all-reduces their input gradients late, several together, and keeps values of that "
+            "backward the estimate does not all count (encoder-decoders on 2 to 64 H100s came to up to "
+            f"{SHARED_INPUT_HIGH:.2f}x the estimate), so the band reaches that"
         )
     if facts.act_itemsize == 2 and MIXED_PRECISION_HIGH > high:
         high = MIXED_PRECISION_HIGH

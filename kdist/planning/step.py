@@ -57,6 +57,7 @@ class TracedStep:
     convolutions: bool = False
     capped_scores: bool = False  # a tanh over attention scores: a logit soft cap (Gemma 2), `candidates.band`
     labels: tuple = ()  # per output the loss reads (float, rank >= 2, in order): its labels' traced shape (`verify`)
+    shared_input: bool = False  # an activation several weighted layers read (an encoder's output), `candidates.band`
 
     @property
     def family(self):
@@ -144,8 +145,9 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
         )
     convolutions = any(name.startswith("conv_general") for name, _, _ in eqns)
     capped = any(name == "tanh" and len(shapes[0]) >= 4 and "attention" in scope for name, shapes, scope in eqns)
+    programs, shared = len(walk.programs), walk.shared_input()
     return TracedStep(
-        step, variables, platform, mode, taken, remat, seconds, len(walk.programs), notes, convolutions, capped, labels
+        step, variables, platform, mode, taken, remat, seconds, programs, notes, convolutions, capped, labels, shared
     )
 
 
@@ -234,6 +236,16 @@ class _Walk:
             self.tensor[id(kt)] = inst[1][lid]
             self.known[id(kt)] = jax.ShapeDtypeStruct(p.flat.shape[lid], p.flat.dtype[lid])
         self.calls.append((node, inst, trainable, diff_pos, leaves))
+
+    def shared_input(self):
+        """Whether layers with weights of their own read one activation (batch first, rank 3 or more) in two or more
+        calls: an encoder's output that each decoder layer's cross attention reads."""
+        readers = {}
+        for node, _, trainable, diff_pos, leaves in self.calls:
+            for i in diff_pos if trainable else ():
+                if leaves[i].shape[0] is None and len(leaves[i].shape) >= 3:
+                    readers.setdefault(id(leaves[i]), set()).add(id(node.operation))
+        return any(len(ops) > 1 for ops in readers.values())
 
     def loss(self, outputs):
         """Keras's SparseCategoricalCrossentropy(from_logits=True) on each float output of rank >= 2; returns the
