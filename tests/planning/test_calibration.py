@@ -1,6 +1,5 @@
 """The plan's band: the spread of truth / estimate on configs like each mesh, from the stored benchmark results."""
 
-import functools
 import json
 import math
 import re
@@ -620,11 +619,10 @@ def test_an_activation_several_layers_read_gets_a_band_up_to_the_most_xla_took_o
     pytest.importorskip("keras_hub")
     from kdist import zoo
 
-    def plan(name):
-        model = functools.partial(zoo.hub_backbone, zoo.BACKBONES[name], **zoo.TINY[name])
-        return kdist.plan(model, 8, batch_size=16, sequence_length=16, target="H100")
-
-    t5, gpt2 = plan("t5"), plan("gpt2")
+    t5, gpt2 = (
+        kdist.plan(zoo.tiny_entries()[name], 8, batch_size=16, sequence_length=16, target="H100")
+        for name in ("t5", "gpt2")
+    )
     model, data = t5.candidate("data=4,model=2"), t5.candidate("data=8")
     assert model.band[1] == int(model.peak * SHARED_INPUT_HIGH) + GEMM_WORKSPACE
     assert "several layers read" in model.band_why and "several layers read" not in data.band_why
