@@ -12,9 +12,9 @@ carries each split dimension through the operations that read it.
   reshape, transpose, broadcast or table lookup moves it (a dimension a
   reshape takes apart keeps it on the leading part, as far as the part and
   the axis both divide, and where the axis outnumbers that part, on the
-  next: grouped-query heads), an FFT keeps it
-  (XLA transforms a gathered copy and slices its part back:
-  `Step.unpartitioned`). Where two operands
+  next: grouped-query heads), a slice that cuts the devices' shares moves
+  it to the dimension before, an FFT keeps it (XLA transforms a gathered
+  copy and slices its part back: `Step.unpartitioned`). Where two operands
   of a matrix product bring one axis on different dimensions the weight's
   (the right operand's) wins;
 - back from readers: a value an elementwise operation combines with a split
@@ -60,12 +60,13 @@ _SAME_POSITIONS = frozenset(
     """add add_any sub mul div neg max min abs sign exp exp2 log log1p expm1 tanh logistic erf erfc erf_inv sin cos
     tan sqrt rsqrt cbrt pow integer_pow square select_n convert_element_type eq ne lt le gt ge and or not xor floor
     ceil round is_finite nextafter clamp shift_left shift_right_logical shift_right_arithmetic bitcast_convert_type
-    copy copy_p atan2 rem stop_gradient reduce_precision pad slice dynamic_slice dynamic_update_slice rev mul_add
-    logaddexp split cumsum cumlogsumexp cummax cummin cumprod optimization_barrier select_and_gather_add tile sort
+    copy copy_p atan2 rem stop_gradient reduce_precision pad dynamic_update_slice rev mul_add
+    logaddexp cumsum cumlogsumexp cummax cummin cumprod optimization_barrier select_and_gather_add tile sort
     select_and_scatter_add real imag complex conj fft
     scatter scatter-add scatter_add scatter-sub scatter_sub scatter-mul scatter_mul scatter-min scatter_min
     scatter-max scatter_max""".split()
 )
+_SLICES = frozenset(("slice", "dynamic_slice", "split"))
 LOOPS = frozenset(("scan", "while"))  # kept whole by `trace.flatten`, their bodies beside them (`trace.Loop`)
 _REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin".split())
 # The parameters the rules below read, kept per traced operation by `trace.flatten`.
@@ -281,6 +282,8 @@ def _rule(name, params, operands, in_shapes, out_shapes, sizes=None):
         return [_conv(params, operands)]
     if name in LOOPS:
         return _loop(params, operands, sizes)
+    if name in _SLICES:
+        return [_slice(operands[0], in_shapes[0], shape, sizes) for shape in out_shapes]
     if name in _SAME_POSITIONS:
         same = [s for s, shape in zip(operands, in_shapes) if len(shape) == rank]
         return [_merged(same) for _ in out_shapes]
@@ -403,6 +406,22 @@ def _reshape(split, shape, new_shape, sizes=None):
             rest = next((r for r in range(e + 1, len(new_shape)) if new_shape[r] > 1), None)
             if rest is not None:
                 out[(key, new_shape[e])] = rest
+    return out
+
+
+def _slice(split, shape, new_shape, sizes=None):
+    """A slice keeps a split whose shares it takes whole; one that cuts them (GPT-NeoX's queries, 32 of each head's
+    fused 96 split 16 ways) moves it to the dimension before (the heads), as far as both divide, as GSPMD does: under
+    the key `(axis, "of", its size)`, as `_reshape` keeps such a split (docs/plan.md)."""
+    out = {}
+    for key, d in split.items():
+        n, m = shape[d], _ways(key, sizes or {})
+        if new_shape[d] == n or m <= 1 or new_shape[d] % -(-n // m) == 0:
+            out[key] = d
+            continue
+        before = next((e for e in range(d - 1, -1, -1) if new_shape[e] > 1), None)
+        if isinstance(key, str) and before is not None and before not in out.values():
+            out[(key, "of", new_shape[before])] = before
     return out
 
 
