@@ -14,6 +14,8 @@ the "Every mesh of 8 devices" section of docs/plan.md.
 
 Run: JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 8 \
          --meshes "data=8;fsdp=8;model=8"
+     JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt_neox --devices 16 --dtype bfloat16 \
+         --sequence 512 --meshes "data=16"
      JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 1 --batch 4
      JAX_PLATFORMS=cpu XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true \
          python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 8 --meshes "data=8;fsdp=8"
@@ -138,6 +140,8 @@ def main():
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--meshes", default="", help="';'-separated mesh specs (default: every candidate)")
     parser.add_argument("--batch", type=int, default=None, help="global batch (default: the config's)")
+    parser.add_argument("--sequence", type=int, default=None, help="tokens per example (default: the config's)")
+    parser.add_argument("--dtype", default=None, help="a Keras dtype policy for the model (named in its label)")
     args = parser.parse_args()
 
     import kdist  # after XLA_FLAGS
@@ -145,7 +149,11 @@ def main():
 
     kdist.fake_devices(args.devices)
     label, cls, config, batch, sequence = config_named(args.model)
-    batch = args.batch or batch
+    batch, sequence = args.batch or batch, args.sequence or sequence
+    if args.sequence:
+        label = re.sub(r" s\d+", f" s{sequence}", label)
+    if args.dtype:
+        label, config = label.replace(" ", f" {args.dtype} ", 1), {**config, "dtype": args.dtype}
     build = hub_builder(cls, config)
     common = dict(batch_size=batch, sequence_length=sequence, **PLAN_OPTIONS)
     specs = [s for s in args.meshes.split(";") if s] or [
