@@ -1043,6 +1043,21 @@ def compiled_rows(result, **fields):
     ]
 
 
+def resized(entry, batch=None, sequence=None, dtype=None):
+    """Config entry `entry` at another global batch, tokens per example (a position table grows to them) or Keras
+    dtype policy, each named in its label as the stored rows name it; None keeps the entry's."""
+    label, cls, config, entry_batch, entry_sequence = entry
+    if dtype:
+        label, config = label.replace(" ", f" {dtype} ", 1), {**config, "dtype": dtype}
+    batch = batch or entry_batch
+    label = label.replace(label.split()[-2] if entry_sequence else label.split()[-1], f"b{batch}")
+    if sequence and isinstance(entry_sequence, int):
+        label, entry_sequence = label.replace(label.split()[-1], f"s{sequence}"), sequence
+        if config.get("max_sequence_length", sequence) < sequence:
+            config = {**config, "max_sequence_length": sequence}
+    return label, cls, config, batch, entry_sequence
+
+
 def config_named(model):
     """The first entry of the config lists above (CONFIGS ... CNNS_HELD_OUT) whose label begins with `model`'s words."""
     words = model.split()
@@ -1161,11 +1176,6 @@ def main():
     else:
         configs, name = CONFIGS, "sharded"
     configs = [c for c in configs if not args.models or c[0].split()[0] in args.models.split(",")]
-    if args.dtype:
-        configs = [
-            (label.replace(" ", f" {args.dtype} ", 1), cls, {**config, "dtype": args.dtype}, batch, sequence)
-            for label, cls, config, batch, sequence in configs
-        ]
     if args.width:
         if not re.fullmatch(r"\d+,\d+", args.width):
             parser.error(f"--width takes HIDDEN,LAYERS, two whole numbers such as 512,4; got {args.width!r}")
@@ -1198,13 +1208,8 @@ def main():
 
     kdist.fake_devices(devices)
     rows = []
-    for label, cls, config, batch, sequence in configs:
-        batch = args.batch or batch
-        label = label.replace(label.split()[-2] if sequence else label.split()[-1], f"b{batch}")
-        if args.sequence and isinstance(sequence, int):  # a position table grows to the longer sequence
-            label, sequence = label.replace(label.split()[-1], f"s{args.sequence}"), args.sequence
-            if config.get("max_sequence_length", sequence) < sequence:
-                config = {**config, "max_sequence_length": sequence}
+    for entry in configs:
+        label, cls, config, batch, sequence = resized(entry, args.batch, args.sequence, args.dtype)
         stored = {r["mesh"]: r for r in earlier["rows"] if r["config"] == label} if args.reestimate else None
         if stored == {}:
             continue

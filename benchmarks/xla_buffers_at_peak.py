@@ -43,7 +43,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plu
 os.environ["XLA_FLAGS"] = f"{XLA_FLAGS} --xla_dump_to={DUMP}".strip()
 
 # After XLA_FLAGS: jax reads them once.
-from planner_vs_deviceless_sharded import PLAN_OPTIONS, VERIFY_TARGET, config_named, hub_builder  # noqa: E402
+from planner_vs_deviceless_sharded import (  # noqa: E402
+    PLAN_OPTIONS,
+    VERIFY_TARGET,
+    config_named,
+    hub_builder,
+    resized,
+)
 
 RESULTS = Path(__file__).parent / "results" / "xla_buffers_at_peak.json"
 SUFFIX = "gpu_after_optimizations"
@@ -148,12 +154,9 @@ def main():
     from kdist.machine import machine_info
 
     kdist.fake_devices(args.devices)
-    label, cls, config, batch, sequence = config_named(args.model)
-    batch, sequence = args.batch or batch, args.sequence or sequence
-    if args.sequence:
-        label = re.sub(r" s\d+", f" s{sequence}", label)
-    if args.dtype:
-        label, config = label.replace(" ", f" {args.dtype} ", 1), {**config, "dtype": args.dtype}
+    # The label keeps the config's batch: `--batch` is stored beside it.
+    label, cls, config, batch, sequence = resized(config_named(args.model), sequence=args.sequence, dtype=args.dtype)
+    batch = args.batch or batch
     build = hub_builder(cls, config)
     common = dict(batch_size=batch, sequence_length=sequence, **PLAN_OPTIONS)
     specs = [s for s in args.meshes.split(";") if s] or [
