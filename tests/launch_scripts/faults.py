@@ -48,11 +48,13 @@ say(f"READY {rank} {os.getpid()}")
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)", token]
 DAEMON = (
     "import os, subprocess, sys\n"
-    "if os.fork() == 0:\n"
+    "forked = os.fork()\n"
+    "if forked == 0:\n"
     "    os.setsid()\n"
     "    p = subprocess.Popen(sys.argv[1:])\n"
     "    os.write(1, f'CHILD {p.pid}\\n'.encode())\n"
     "    os._exit(0)\n"
+    "os.waitpid(forked, 0)\n"  # its CHILD line is out before the fault's traceback can be
 )
 children = [
     subprocess.Popen(SLEEPER),
