@@ -25,6 +25,7 @@ import pytest
 import kdist
 from kdist.cluster.launcher import is_gloo_noise
 from kdist.global_batches import check_same_in_every_process, gather_outputs
+from tests.cluster.engine_runs import one_engine_job_at_a_time
 from tests.launch_scripts import numpy_inputs
 from tests.subprocess_utils import clean_env
 
@@ -98,9 +99,12 @@ def test_the_readme_example_under_mpirun_has_the_losses_of_one_process(readme_al
         *(MPIRUN, "-n", "2", "--allow-run-as-root", "--oversubscribe", "--output-filename", str(outputs)),
         *(sys.executable, "-c", PRINT_LOSSES),
     ]
-    with subprocess.Popen(
-        command, env=env, cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    ) as proc:
+    with (
+        one_engine_job_at_a_time(),
+        subprocess.Popen(
+            command, env=env, cwd=SCRIPTS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        ) as proc,
+    ):
         try:
             output, _ = proc.communicate(timeout=240)
         except subprocess.TimeoutExpired:

@@ -19,6 +19,7 @@ listens on the coordinator address only, loopback when the job is on one
 host) and installs the exit-on-fault handler (`fault_exit.py`).
 """
 
+import errno
 import os
 import socket
 
@@ -54,6 +55,7 @@ COORDINATOR = "JAX_COORDINATOR_ADDRESS"  # read by jax too: the coordinator of a
 COORDINATOR_PORT = "JAX_COORDINATOR_PORT"  # read by jax too: replaces the port derived from the job id
 LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"  # read by jax too: "0,1,2,3", the devices this process drives
 DETECTION_TIMEOUT_S = 300  # jax's default initialization_timeout
+_PORT_FROM_JOB_ID = ("slurm", "openmpi")  # jax's SlurmCluster and OmpiCluster: 61440 + a number from the job id
 
 
 def cluster_from_env(environ=None):
@@ -148,6 +150,8 @@ def initialize(
     bind = bind_address or os.environ.get(BIND_ADDRESS) or config.coordinator_address
     if config.process_id == 0 and bind_address is None and not os.environ.get(BIND_ADDRESS):
         _check_bind_reachable(config)
+    if config.process_id == 0:
+        _check_port_alone(bind, config)
     jax.distributed.initialize(
         config.coordinator_address,
         config.num_processes,
@@ -257,6 +261,30 @@ def _check_bind_reachable(config):
             f"name to 127.0.1.1). Set {BIND_ADDRESS}=[::]:{config.coordinator_address.rsplit(':', 1)[1]} (every "
             f"interface) or to this host's address on the job's network."
         )
+
+
+def _check_port_alone(bind, config):
+    """Process 0's coordinator must have its port alone. jax's listens with SO_REUSEPORT: beside another
+    listener on the port (another job's coordinator, whose port jax derived from its job id as it did this
+    one's) it starts without an error, and the tasks of both jobs reach either coordinator."""
+    host, port = bind.rsplit(":", 1)
+    host = host.strip("[]")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed coordinator's TIME_WAIT: no owner
+        try:
+            probe.bind((host, int(port)))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return  # not an address of this host: jax's own bind says why
+            owner = "another process"
+            if config.engine in _PORT_FROM_JOB_ID and not os.environ.get(COORDINATOR_PORT):
+                owner += ", often another job's coordinator (jax derives the port from the job id)"
+            raise ClusterError(
+                f"Port {port} of this job's coordinator ({bind}; {describe(config)}) is in use on this host by "
+                f"{owner}. jax's coordinator would listen beside it and the tasks of both jobs would reach either "
+                f"one. Give this job a free port: {COORDINATOR_PORT}=PORT in every task's environment under an "
+                "engine, or another port in the coordinator address (job_addresses, KERAS_DISTRIBUTION_JOB_ADDRESSES)."
+            ) from None
 
 
 def _check_kinds(job_addresses, num_processes, process_id, cpu_collectives, bind_address, local_device_ids):

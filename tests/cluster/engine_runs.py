@@ -1,10 +1,13 @@
 """Running the launch scripts under a real cluster engine (mpirun, srun) from a test, and reading their output."""
 
+import contextlib
 import dataclasses
+import fcntl
 import ipaddress
 import os
 import re
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "launch_scripts"
 _TAG = re.compile(r"\[\d+,(\d+)\]<(\w+)>:")  # mpirun --tag-output: "[job,rank]<stdout>:" before each chunk written
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")  # srun --label: "rank: text"
+_ENGINE_JOBS_LOCK = Path(tempfile.gettempdir()) / "kdist-tests-engine-jobs.lock"
 
 
 @dataclasses.dataclass
@@ -58,11 +62,25 @@ def engine_env(devices_per_process, extra=None):
     return env
 
 
+@contextlib.contextmanager
+def one_engine_job_at_a_time():
+    """Held while an mpirun, srun or sbatch job of the tests runs, by every pytest-xdist worker (a file lock).
+
+    jax derives such a job's coordinator port from its job id (SLURM: 61440 + id % 4096; Open MPI 4: 61440 + one
+    of 256 multiples of 16), so two jobs at once could get the same port, and `kdist.initialize()` refuses a
+    coordinator port another process listens on. The lock is released when the job ends, or when its holder dies.
+    """
+    with open(_ENGINE_JOBS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def run_engine(command, env, timeout, labelled):
     """Run an engine's command line; returns an `EngineRun` with each rank's lines (from the engine's labels)."""
-    started = time.time()
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=SCRIPTS)
-    ended = time.time()
+    with one_engine_job_at_a_time():
+        started = time.time()
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=SCRIPTS)
+        ended = time.time()
     output = proc.stdout + proc.stderr
     lines = {}
     if labelled == "mpirun":

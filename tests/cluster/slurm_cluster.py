@@ -73,8 +73,9 @@ def start_slurm(directory, cpus=8, timeout=30):
     socket_path = directory / "munge.socket"
     conf = directory / "slurm.conf"
     # A random first job id: jax derives the coordinator's port from the job id, and two clusters (pytest-xdist
-    # workers) numbering jobs alike would give their jobs the same port.
-    first_job = random.randrange(1, 1 << 20)
+    # workers, or a cluster a killed run left) numbering jobs alike would give their jobs the same port. Drawn from
+    # the OS: the tests seed `random` (keras.utils.set_random_seed), so two workers could draw alike from it.
+    first_job = random.SystemRandom().randrange(1, 1 << 20)
     conf.write_text(
         _CONF.format(
             d=directory, user=user, node=node, cpus=cpus, ctld=free_port(), slurmd=free_port(), first_job=first_job

@@ -159,3 +159,53 @@ def test_two_processes_join_one_run_from_tf_config_alone():
     for index, (out, err) in enumerate(outputs):
         assert procs[index].returncode == 0, err[-2000:]
         assert out.strip().splitlines()[-1].split() == ["TF_CONFIG", str(index), str(index), "2", "4"]
+
+
+def _listener(port):
+    """A socket listening on 127.0.0.1:`port` as jax's coordinator (gRPC) listens: SO_REUSEADDR, SO_REUSEPORT."""
+    import socket
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen()
+    return listener
+
+
+def test_a_coordinator_port_another_process_listens_on_is_refused_before_joining():
+    """jax's coordinator would start beside the other listener, and the two jobs' tasks would reach either one."""
+    import subprocess
+    import sys
+
+    from kdist.cluster.launcher import free_port
+
+    port = free_port()
+    code = f"import kdist; kdist.initialize('127.0.0.1:{port}', 2, 0); print('JOINED')"
+    with _listener(port):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "JOINED" not in run.stdout
+    assert (
+        f"kdist.errors.ClusterError: Port {port} of this job's coordinator (127.0.0.1:{port}; process 0 of 2 "
+        "with coordinator" in run.stderr
+    ), run.stderr[-2000:]
+    assert "is in use on this host by another process. " in run.stderr and "JAX_COORDINATOR_PORT=PORT" in run.stderr
+
+
+def test_a_port_whose_last_listener_has_closed_is_free_for_the_coordinator():
+    """A coordinator that ran before on the port leaves its connections in TIME_WAIT; they do not own it."""
+    import socket
+
+    from kdist.cluster import join
+    from kdist.cluster.launcher import free_port
+
+    port = free_port()
+    config = ClusterConfig(f"127.0.0.1:{port}", 2, 0, "arguments")
+    with _listener(port) as listener:
+        with pytest.raises(kdist.ClusterError, match=f"Port {port} of this job's coordinator"):
+            join._check_port_alone(config.coordinator_address, config)
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the listener's side closes first: its end of the connection waits in TIME_WAIT
+        client.close()
+    join._check_port_alone(config.coordinator_address, config)

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.cluster.engine_runs import SCRIPTS, engine_env, is_loopback, run_engine
+from tests.cluster.engine_runs import SCRIPTS, engine_env, is_loopback, one_engine_job_at_a_time, run_engine
 from tests.cluster.slurm_cluster import SlurmUnavailable, start_slurm
 from tests.launch_scripts import common
 
@@ -90,9 +90,10 @@ def test_an_sbatch_script_runs_the_training_with_srun(slurm, tmp_path):
     )
     out = tmp_path / "out.txt"
     env = engine_env(4, {"SLURM_CONF": slurm.env["SLURM_CONF"]})
-    result = subprocess.run(
-        ["sbatch", "--wait", f"--output={out}", str(script)], env=env, capture_output=True, text=True, timeout=300
-    )
+    with one_engine_job_at_a_time():
+        result = subprocess.run(
+            ["sbatch", "--wait", f"--output={out}", str(script)], env=env, capture_output=True, text=True, timeout=300
+        )
     assert result.returncode == 0, result.stderr + (out.read_text() if out.exists() else "") + slurm.logs()
     reference = common.reference()
     for rank in (0, 1):
