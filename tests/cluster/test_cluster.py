@@ -1,9 +1,14 @@
 import json
+import socket
+import subprocess
+import sys
 
 import pytest
 
 import kdist
+from kdist.cluster import join
 from kdist.cluster.join import ClusterConfig, cluster_from_env
+from kdist.cluster.launcher import free_port, process_env
 
 
 def _tf_config(cluster, task_type, index):
@@ -126,11 +131,6 @@ def test_initialize_after_jax_started_says_it_is_too_late():
 
 def test_two_processes_join_one_run_from_tf_config_alone():
     """End to end: two interpreters with only TF_CONFIG (no KERAS_DISTRIBUTION_*) form one JAX run."""
-    import subprocess
-    import sys
-
-    from kdist.cluster.launcher import free_port, process_env
-
     workers = [f"127.0.0.1:{free_port()}", "127.0.0.1:1"]  # only worker 0's port is listened on
     code = (
         "import kdist; config = kdist.initialize(); import jax; "
@@ -163,8 +163,6 @@ def test_two_processes_join_one_run_from_tf_config_alone():
 
 def _listener(port):
     """A socket listening on 127.0.0.1:`port` as jax's coordinator (gRPC) listens: SO_REUSEADDR, SO_REUSEPORT."""
-    import socket
-
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -175,11 +173,6 @@ def _listener(port):
 
 def test_a_coordinator_port_another_process_listens_on_is_refused_before_joining():
     """jax's coordinator would start beside the other listener, and the two jobs' tasks would reach either one."""
-    import subprocess
-    import sys
-
-    from kdist.cluster.launcher import free_port
-
     port = free_port()
     code = f"import kdist; kdist.initialize('127.0.0.1:{port}', 2, 0); print('JOINED')"
     with _listener(port):
@@ -194,11 +187,6 @@ def test_a_coordinator_port_another_process_listens_on_is_refused_before_joining
 
 def test_a_port_whose_last_listener_has_closed_is_free_for_the_coordinator():
     """A coordinator that ran before on the port leaves its connections in TIME_WAIT; they do not own it."""
-    import socket
-
-    from kdist.cluster import join
-    from kdist.cluster.launcher import free_port
-
     port = free_port()
     config = ClusterConfig(f"127.0.0.1:{port}", 2, 0, "arguments")
     with _listener(port) as listener:
