@@ -94,6 +94,12 @@ def check_address(address, source):
         )
 
 
+def split_address(address):
+    """("host", "port") of a "host:port" address, an IPv6 host without its brackets."""
+    host, port = address.rsplit(":", 1)
+    return host.strip("[]"), port
+
+
 def describe(config):
     return (
         f"process {config.process_id} of {config.num_processes} with coordinator "

@@ -38,6 +38,7 @@ from kdist.cluster.config import (  # noqa: F401  (TF_CONFIG, ClusterConfig: imp
     check_address,
     describe,
     same_cluster,
+    split_address,
 )
 from kdist.cluster.engines import ENGINE_NAMES, alone_requested, engine_tasks
 from kdist.cluster.tf_config import cluster_from_tf_config
@@ -198,7 +199,7 @@ def _from_engine(environ):
             "environment; or set KDIST_ALONE=1 to run each task alone."
         )
     if tasks.single_host and not given:
-        coordinator = "127.0.0.1:" + coordinator.rsplit(":", 1)[1]  # every task is here: loopback
+        coordinator = "127.0.0.1:" + split_address(coordinator)[1]  # every task is here: loopback
     source = ", ".join(tasks.variables)
     return ClusterConfig(
         coordinator, count, tasks.process_id, source, tasks.engine, tasks.local_process_id, tasks.local_num_processes
@@ -249,7 +250,7 @@ def _check_bind_reachable(config):
     """A job over several hosts must not have its coordinator listen on a loopback address only."""
     if config.local_num_processes is None or config.local_num_processes == config.num_processes:
         return
-    host = config.coordinator_address.rsplit(":", 1)[0].strip("[]")
+    host, port = split_address(config.coordinator_address)
     try:
         address = socket.gethostbyname(host)
     except OSError:
@@ -258,7 +259,7 @@ def _check_bind_reachable(config):
         raise ClusterError(
             f"The job spans several hosts, but its coordinator {config.coordinator_address} resolves to "
             f"{address} here, a loopback address the other hosts cannot reach (Debian's /etc/hosts maps the host "
-            f"name to 127.0.1.1). Set {BIND_ADDRESS}=[::]:{config.coordinator_address.rsplit(':', 1)[1]} (every "
+            f"name to 127.0.1.1). Set {BIND_ADDRESS}=[::]:{port} (every "
             f"interface) or to this host's address on the job's network."
         )
 
@@ -267,8 +268,7 @@ def _check_port_alone(bind, config):
     """Process 0's coordinator must have its port alone. jax's listens with SO_REUSEPORT: beside another
     listener on the port (another job's coordinator, whose port jax derived from its job id as it did this
     one's) it starts without an error, and the tasks of both jobs reach either coordinator."""
-    host, port = bind.rsplit(":", 1)
-    host = host.strip("[]")
+    host, port = split_address(bind)
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed coordinator's TIME_WAIT: no owner
         try:
