@@ -59,7 +59,8 @@ class BandClass:
     @property
     def name(self):
         meshes = {"single": "single-device / data-parallel", "fsdp": "fsdp", "model": "model-axis"}
-        return f"{meshes[self.mesh]} {self.family}s"
+        families = {"transformer": "transformers", "cnn": "cnns", "other": "other models"}
+        return f"{meshes[self.mesh]} {families[self.family]}"
 
 
 # GPU targets only: the other platforms are not calibrated (no band).
@@ -221,7 +222,10 @@ def band_class(axes, family):
             return band, ""
     same_mesh = [b for b in BANDS if b.mesh == kind]
     wide = max(same_mesh, key=lambda b: b.high / b.low)
-    return wide, f"no {family} config was checked on {wide.name.split(' ')[0]} meshes: the widest band of those"
+    stand_in = dataclasses.replace(wide, family=family, rows=f"the band of {wide.name}: {wide.rows}")
+    return stand_in, (
+        f"no {family} config was checked on {wide.name.split(' ')[0]} meshes: the widest band of those ({wide.name})"
+    )
 
 
 def load_configs(path):

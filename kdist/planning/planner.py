@@ -19,13 +19,13 @@ from kdist.meshes.enumerate import meshes
 from kdist.planning.attention import ATTENTION
 from kdist.planning.calibration import (
     AUTOTUNED_HIGH,
-    BANDS,
     LHS_HIGH,
     LHS_RESULTS,
     MEASURED_RESULTS,
     MEASURED_SHORT_STEP,
     MEASURED_STEP,
     SHORT_STEP,
+    band_class,
 )
 from kdist.planning.candidates import REASONS_SEPARATOR, evaluate
 from kdist.planning.deviceless import COMPILER_OPTIONS, gpu_devices
@@ -212,8 +212,7 @@ def _band_notes(facts, devices, candidates):
     """Which class of calibration configs each band comes from, and why some are wider or absent."""
     if not facts.target.calibrated:
         return []
-    used = {c.band_class for c in candidates if c.band_class}
-    classes = [b for b in BANDS if b.name in used]
+    classes = {c.band_class: band_class(c.axes, facts.traced.family)[0] for c in candidates if c.band_class}.values()
     notes = []
     if classes:
         spreads = ", ".join(f"{b.name} {b.low - 1:+.0%}/{b.high - 1:+.0%}" for b in classes)

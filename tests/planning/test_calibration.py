@@ -849,9 +849,12 @@ def test_experts_on_several_devices_get_a_band_up_to_the_most_xla_took_over_the_
 
 def test_unsure_estimates_get_a_wider_band_and_say_why():
     mlp = kdist.abstract_model(mnist_mlp)
-    one = kdist.plan(mlp, 1, batch_size=64).candidates[0]
-    assert one.band_class == "single-device / data-parallel cnns"  # the widest band of one-device configs
+    mlp_plan = kdist.plan(mlp, 1, batch_size=64)
+    one = mlp_plan.candidates[0]
+    assert one.band_class == "single-device / data-parallel other models"  # named for what it is, ...
     assert "no other config was checked" in one.band_why
+    assert "the widest band of those (single-device / data-parallel cnns)" in one.band_why  # ... the CNNs' spread
+    assert any("single-device / data-parallel other models -29%/+21%" in note for note in mlp_plan.notes)
     model = kdist.abstract_model(tiny_transformer)
     plain = kdist.plan(model, 1, batch_size=16).candidates[0]
     rematted = kdist.plan(model, 1, batch_size=16, remat=True)
