@@ -64,7 +64,10 @@ into ..._6.json, and with --width 384,2 --models llama3,xlm_roberta,gemma3 at hi
 ..._6_h384_l2.json; with --devices 2 --batch 16 --models llama3,qwen3,xlm_roberta,gemma3,t5, five on 2 devices,
 into ..._2.json; with --devices 12 --batch 48 --width 384,2 --models llama3,xlm_roberta,gemma3,t5, four at hidden
 384 on 12 devices, into ..._12_h384_l2.json, and with --devices 24 the same four on 24 devices, into
-..._24_h384_l2.json); with --families-unseen two families no earlier run compiled
+..._24_h384_l2.json; with --devices 10 --batch 40, the twelve on 10 devices, into ..._10.json, and with --width 320,2
+--models llama3,xlm_roberta,gemma3,t5 into ..._10_h320_l2.json; with --devices 7 --batch 28 --width 448,2 and
+--devices 3 --batch 24 --width 384,2, the twelve on 7 and on 3 devices, into ..._7_h448_l2.json and
+..._3_h384_l2.json); with --families-unseen two families no earlier run compiled
 (`FAMILIES_UNSEEN`: RoFormerV2, Whisper), into planner_vs_deviceless_families_unseen.json; with --outside-zoo six
 keras-hub backbones kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
 planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run had compiled (`NEWEST_FAMILIES`:
