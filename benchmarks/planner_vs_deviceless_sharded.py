@@ -105,7 +105,7 @@ plans and compiles three more (`CNNS_HELD_OUT`: ResNet50, InceptionV3,
 ConvNeXtTiny), first run with the convolution rules drawn from `CNNS`, into
 planner_vs_deviceless_cnns_held_out.json. With `--devices 1 --batch 32` either
 CNN list is compiled for one H100 (files ending in _1), with `--devices 16`
-for 16 (_16: MobileNetV2 and ResNet50 so far, `--models`).
+for 16 (_16: MobileNetV2 and ResNet50 so far, `--models`), with `--cnns-held-out --devices 4` the three on 4 (_4).
 
     ... planner_vs_deviceless_sharded.py --cnns-max-pools
 

@@ -149,6 +149,7 @@ FAMILIES_HELD_OUT_10 = "benchmarks/results/planner_vs_deviceless_families_held_o
 FAMILIES_HELD_OUT_10_H320 = "benchmarks/results/planner_vs_deviceless_families_held_out_10_h320_l2.json"  # 4, h320
 FAMILIES_HELD_OUT_7 = "benchmarks/results/planner_vs_deviceless_families_held_out_7_h448_l2.json"  # 12, h448, on 7
 FAMILIES_HELD_OUT_3 = "benchmarks/results/planner_vs_deviceless_families_held_out_3_h384_l2.json"  # 12, h384, on 3
+CNNS_HELD_OUT_4 = "benchmarks/results/planner_vs_deviceless_cnns_held_out_4.json"  # ResNet50, InceptionV3, ... on 4
 MIXED_PRECISION_16 = "benchmarks/results/planner_vs_deviceless_mixed_precision_16.json"  # two, mixed bf16, on 16
 FAMILIES_HELD_OUT_12_H384 = "benchmarks/results/planner_vs_deviceless_families_held_out_12_h384_l2.json"  # 4, on 12
 FAMILIES_HELD_OUT_24_H384 = "benchmarks/results/planner_vs_deviceless_families_held_out_24_h384_l2.json"  # 4, on 24
@@ -455,6 +456,26 @@ def test_on_3_devices_no_held_out_family_is_under_and_those_outside_their_band_a
     }
     assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in outside)
     assert not _above_the_band_top(rows)
+
+
+def test_on_4_devices_the_held_out_cnns_are_under_only_where_they_are_on_8_and_under_their_bands_top():
+    """ResNet50, InceptionV3 and ConvNeXtTiny on every mesh of 4 devices at batch 256 (`--cnns-held-out --devices
+    4`): more than 5% under only on ResNet50's data=4 and ConvNeXtTiny's model=4, as on data=8 and model=8; XLA's
+    figure under every row's band top; the one outside its band over it (InceptionV3's data=2,fsdp=2, as its
+    data=4,fsdp=2 of 8; docs/plan.md, "Max pools, and three CNNs held out")."""
+    rows = _rows(CNNS_HELD_OUT_4)
+    assert len(rows) == 18 and {r["config"].split()[0] for r in rows} == {"resnet50", "inceptionv3", "convnexttiny"}
+    under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
+    assert under == {("resnet50", "data=4"), ("convnexttiny", "model=4")} and min(r["ratio"] for r in rows) > 0.93
+    for r in rows:
+        band, why = band_class(_axes(r["mesh"]), "cnn")
+        assert not why and r["xla_gpu_deviceless"] <= r["estimate"] * band.high + GEMM_WORKSPACE, (
+            r["config"],
+            r["mesh"],
+        )
+    outside = [r for r in rows if not r["in_band"]]
+    assert [(r["config"].split()[0], r["mesh"]) for r in outside] == [("inceptionv3", "data=2,fsdp=2")]
+    assert outside[0]["estimate"] > outside[0]["xla_gpu_deviceless"]
 
 
 def test_on_2_devices_five_held_out_families_keep_the_safety_rule_and_their_bands_top():
