@@ -105,7 +105,8 @@ plans and compiles three more (`CNNS_HELD_OUT`: ResNet50, InceptionV3,
 ConvNeXtTiny), first run with the convolution rules drawn from `CNNS`, into
 planner_vs_deviceless_cnns_held_out.json. With `--devices 1 --batch 32` either
 CNN list is compiled for one H100 (files ending in _1), with `--devices 16`
-for 16 (_16: MobileNetV2 and ResNet50 so far, `--models`), with `--cnns-held-out --devices 4` the three on 4 (_4).
+for 16 (_16: MobileNetV2 and ResNet50 so far, `--models`); with `--cnns-held-out --devices 4` the three
+on 4 (_4), with `--dtype bfloat16` on 8 in bfloat16 (_bfloat16: a Keras Application is built under that policy).
 
     ... planner_vs_deviceless_sharded.py --cnns-max-pools
 
@@ -199,12 +200,21 @@ CONFIGS = [
 def hub_builder(cls, config):
     """A function building keras-hub's backbone `cls` (or a dotted path: "keras.applications.MobileNetV2") with
     `config` (keras-hub imported when it runs, after kdist); a (class, config) pair in `config` (a task's
-    "backbone", a segmenter's "image_encoder") is built first."""
+    "backbone", a segmenter's "image_encoder") is built first. A Keras Application takes no dtype: a "dtype" in
+    its `config` is the dtype policy it is built under."""
     module, _, name = cls.rpartition(".")
 
     def build():
+        import keras  # here, not above: ruff would sort it above kdist, which must set Keras's backend first
+
         kwargs = {k: hub_builder(*v)() if _built(v) else v for k, v in config.items()}
-        return getattr(importlib.import_module(module or "keras_hub.models"), name)(**kwargs)
+        policy = kwargs.pop("dtype", None) if module == "keras.applications" else None
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(policy or previous)
+        try:
+            return getattr(importlib.import_module(module or "keras_hub.models"), name)(**kwargs)
+        finally:
+            keras.config.set_dtype_policy(previous)
 
     return build
 
