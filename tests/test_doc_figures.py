@@ -104,9 +104,9 @@ def _range_cells(title, head, body, rowsets):
     low_at, high_at = head.index("lowest"), head.index("highest")
     for line in body:
         found = RANGE.fullmatch(line[1]) if len(line) > high_at else None
-        family = _of_family(rowsets, line[0])
         if not found:
             continue
+        family = _of_family(rowsets, line[0])
         where = f"{title} | {line[0]}"
         if not family:
             yield where, line[1], None
