@@ -43,6 +43,7 @@ INLINE = {
 }
 _BODY = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 _TRANSFORMED = re.compile(r"\w+\((.*)\)")
+_CHECKPOINT_SCOPES = ("", "rematted_computation")  # what jax.checkpoint puts on the name stack before the layer
 
 
 class Flat:
@@ -325,7 +326,7 @@ def sublayer_paths(layer, scopes):
     for scope in scopes:
         if scope not in memo:
             path, current = [], layer
-            for name in [_unwrapped(c) for c in scope.split("/")][1:]:  # the first is `layer` itself
+            for name in _below(layer, [_unwrapped(c) for c in scope.split("/")]):
                 child = next((s for s in sublayers(current) if s.name == name), None)
                 if child is None:
                     break
@@ -337,6 +338,16 @@ def sublayer_paths(layer, scopes):
                 current = child
             memo[scope] = "/".join(path)
     return [memo[s] for s in scopes]
+
+
+def _below(layer, names):
+    """The name stack `names` below `layer`: the first name is the layer's own, or, where the call ran under
+    `jax.checkpoint` (`remat=True`), the checkpoint's ("" and "rematted_computation" for its recomputed forward)
+    before it."""
+    first = 0
+    while first < len(names) - 1 and names[first] in _CHECKPOINT_SCOPES and names[first] != layer.name:
+        first += 1
+    return names[first + 1 :] if names[first] == layer.name else names[1:]
 
 
 def _unwrapped(component):
