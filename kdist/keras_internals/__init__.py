@@ -223,6 +223,34 @@ def nodes_by_depth(model):
     return getattr(functional(model), "_nodes_by_depth", None) or None
 
 
+def rematerialize_nodes(model):
+    """Have each node of `model`'s functional graph recompute its forward in the backward pass, as the planner's
+    trace does with `remat=True`: the node's `call` wrapped in `jax.checkpoint` over its array arguments, the rest
+    (Keras's `training` flag) held fixed. `keras.RematScope(mode="full")` checkpoints every argument, which a layer
+    that branches on `training` refuses (keras-hub's decoders), and reaches nested layers too."""
+    for nodes in (nodes_by_depth(model) or {}).values():
+        for node in nodes:
+            if not node.is_input and node.operation is not None:
+                node.operation.call = _checkpointed(node.operation.call)
+
+
+def _checkpointed(call):
+    def rematerialized(*args, **kwargs):
+        leaves, treedef = jax.tree.flatten((args, kwargs))
+        arrays = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+
+        def with_arrays(*values):
+            filled = list(leaves)
+            for i, value in zip(arrays, values):
+                filled[i] = value
+            args, kwargs = jax.tree.unflatten(treedef, filled)
+            return call(*args, **kwargs)
+
+        return jax.checkpoint(with_arrays)(*[leaves[i] for i in arrays])
+
+    return rematerialized
+
+
 def layers(model):
     """Every sublayer of `model`, recursively (`_flatten_layers`)."""
     flatten = getattr(model, "_flatten_layers", None)

@@ -15,7 +15,7 @@ from kdist.jax_internals import (
     devices_seen_as,
     xla_memory,
 )
-from kdist.keras_internals import KerasTensor, deferred, symbolic_build
+from kdist.keras_internals import KerasTensor, deferred, rematerialize_nodes, symbolic_build
 from kdist.planning.trace import TRACE_BATCH, label_shape, loss_reads
 from kdist.presets import build_preset
 
@@ -52,7 +52,9 @@ def compiled_memory(facts, candidate, batch_size, devices=None, compiler_options
     The model is rebuilt abstractly, compiled with the planned optimizer and a
     softmax cross-entropy loss on each output, and `model.train_step` is
     lowered from `jax.ShapeDtypeStruct`s carrying the candidate's shardings:
-    nothing is allocated. "backend" names the platform it was compiled for
+    nothing is allocated. With the plan's `remat=True` each node of the
+    model's graph recomputes its forward in the backward, as the estimate
+    has it. "backend" names the platform it was compiled for
     (on fake CPU devices the figure is a CPU proxy of an accelerator's) and
     "device_kind" the device. With compile-only `devices` (a deviceless GPU
     topology), `jax.devices()` answers them while the model is rebuilt and
@@ -81,6 +83,8 @@ def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
             f"verify could not build the training step of {clone.name!r} for {candidate.spec}: {cause(e, lines=3)}. "
             "The estimate does not need it: plan with verify=False, or report the model."
         ) from None
+    if facts.remat:  # after the build: Keras builds the model by calling it symbolically, which a checkpoint refuses
+        rematerialize_nodes(clone)
     specs = {r.path: r.spec for r in inspect(clone, dist).variables}
 
     def sharded(v):

@@ -215,6 +215,20 @@ def test_verify_compiles_and_is_close_to_the_estimate():
     assert any("CPU proxy" in note for note in result.notes)
 
 
+def test_verify_with_remat_compiles_the_step_each_layer_recomputed_in():
+    """With `remat=True` the compiled step recomputes each node's forward as the estimate does; keras-hub's decoders
+    branch on `training`, which `keras.RematScope(mode="full")` would hand `jax.checkpoint` as a traced value. Until
+    2026-12-04 verify compiled the step without remat, so `ratio` set a rematerialised estimate against a plain step."""
+    plain, remat = (
+        kdist.plan(_tiny_llama, 8, batch_size=16, sequence_length=16, remat=r, verify=["data=8"]).candidate("data=8")
+        for r in (False, True)
+    )
+    # XLA's own count of the step's FLOPs grows by the recomputed forwards, as much as the estimate's does.
+    assert plain.compiled["flops"] < remat.compiled["flops"]
+    xla_growth, estimated_growth = remat.compiled["flops"] / plain.compiled["flops"], remat.flops / plain.flops
+    assert abs(xla_growth - estimated_growth) < 0.05, (xla_growth, estimated_growth)
+
+
 def _tiny_causal_lm():
     """keras-hub's Llama 3 causal LM (its backbone, a vocabulary-sized head), which compiles itself when built: Keras
     makes its Adam's step count and learning rate from values, which a stateless scope refuses."""
