@@ -21,7 +21,8 @@ the other models are kept, each with the date of the run that took it; with
 rows replaced. With
 --reestimate, the stored rows keep XLA's figures (they depend on the model,
 the mesh and jax, not on kdist's estimate) and get this checkout's estimate,
-without compiling.
+without compiling (given the flags the rows were compiled with: it stops,
+the file untouched, when a stored config is not among those it plans).
 
     ... planner_vs_deviceless_sharded.py --held-out
     ... planner_vs_deviceless_sharded.py --held-out --devices 16
@@ -67,7 +68,10 @@ into ..._2.json; with --devices 12 --batch 48 --width 384,2 --models llama3,xlm_
 ..._24_h384_l2.json; with --devices 10 --batch 40, the twelve on 10 devices, into ..._10.json, and with --width 320,2
 --models llama3,xlm_roberta,gemma3,t5 into ..._10_h320_l2.json; with --devices 7 --batch 28 --width 448,2 and
 --devices 3 --batch 24 --width 384,2, the twelve on 7 and on 3 devices, into ..._7_h448_l2.json and
-..._3_h384_l2.json); with --families-unseen two families no earlier run compiled
+..._3_h384_l2.json; with --remat --batch 128 --models llama3,qwen3,gemma3,electra,xlm_roberta,t5, six of them planned
+and compiled with every node of the graph recomputed, into ..._remat.json, with --devices 1 --batch 16 on one device,
+into ..._1_remat.json, and with --devices 4 --batch 64 --models smollm3,bart,esm,deberta_v3 four others on 4 devices,
+into ..._4_remat.json); with --families-unseen two families no earlier run compiled
 (`FAMILIES_UNSEEN`: RoFormerV2, Whisper), into planner_vs_deviceless_families_unseen.json; with --outside-zoo six
 keras-hub backbones kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
 planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run had compiled (`NEWEST_FAMILIES`:
@@ -1101,6 +1105,9 @@ def main():
     parser.add_argument(
         "--meshes", default="", help="';'-separated meshes to compile again, their rows replaced (default: every mesh)"
     )
+    parser.add_argument(
+        "--remat", action="store_true", help="plan and compile with remat=True (labels say so), into a file ..._remat"
+    )
     parser.add_argument("--held-out", action="store_true", help="the HELD_OUT configs, into their own file")
     parser.add_argument(
         "--reestimate", action="store_true", help="recompute the stored rows' estimates, keeping XLA's figures"
@@ -1213,6 +1220,7 @@ def main():
     suffix = ("" if devices == DEVICES else f"_{devices}") + (f"_s{args.sequence}" if args.sequence else "")
     suffix += f"_h{hidden}_l{layers}" if args.width else ""
     suffix += f"_{args.dtype}" if args.dtype else ""
+    suffix += "_remat" if args.remat else ""
     out = Path(__file__).parent / "results" / f"planner_vs_deviceless_{name}{suffix}.json"
     earlier = json.loads(out.read_text()) if out.exists() else None
 
@@ -1223,6 +1231,7 @@ def main():
     rows = []
     for entry in configs:
         label, cls, config, batch, sequence = resized(entry, args.batch, args.sequence, args.dtype)
+        label += " remat" if args.remat else ""
         stored = {r["mesh"]: r for r in earlier["rows"] if r["config"] == label} if args.reestimate else None
         if stored == {}:
             continue
@@ -1233,6 +1242,7 @@ def main():
             batch_size=batch,
             sequence_length=sequence,
             **PLAN_OPTIONS,
+            remat=args.remat,
             verify=False if args.reestimate else (args.meshes.split(";") if args.meshes else True),
             verify_target=None if args.reestimate else VERIFY_TARGET,
         )
@@ -1264,6 +1274,12 @@ def main():
                 flush=True,
             )
         print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
+    missed = {row["config"] for row in earlier["rows"]} - {row["config"] for row in rows} if args.reestimate else set()
+    if missed and not args.models:  # writing would drop their rows: XLA's figures, a compile each to take again
+        parser.error(
+            f"--reestimate found no config of this run labelled {sorted(missed)} in {out.name}: give the --batch, "
+            "--sequence, --width, --dtype and --remat they were compiled with; the file is left as it was"
+        )
     result = {"machine": machine_info(), "target": f"{devices} H100s (deviceless XLA:GPU)", "rows": rows}
     if args.reestimate:
         result["compiled_on"] = earlier.get("compiled_on", earlier["machine"])  # where XLA's figures were taken

@@ -17,6 +17,7 @@ Run: JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt2 --d
      JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt_neox --devices 16 --dtype bfloat16 \
          --sequence 512 --meshes "data=16"
      JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 1 --batch 4
+     JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model llama3 --batch 256 --remat --meshes "data=8"
      JAX_PLATFORMS=cpu XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true \
          python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 8 --meshes "data=8;fsdp=8"
 Appends to benchmarks/results/xla_buffers_at_peak.json (one entry per model, device count, batch and
@@ -148,6 +149,7 @@ def main():
     parser.add_argument("--batch", type=int, default=None, help="global batch (default: the config's)")
     parser.add_argument("--sequence", type=int, default=None, help="tokens per example (default: the config's)")
     parser.add_argument("--dtype", default=None, help="a Keras dtype policy for the model (named in its label)")
+    parser.add_argument("--remat", action="store_true", help="plan and compile with remat=True (named in the label)")
     args = parser.parse_args()
 
     import kdist  # after XLA_FLAGS
@@ -157,8 +159,9 @@ def main():
     # The label keeps the config's batch: `--batch` is stored beside it.
     label, cls, config, batch, sequence = resized(config_named(args.model), sequence=args.sequence, dtype=args.dtype)
     batch = args.batch or batch
+    label += " remat" if args.remat else ""
     build = hub_builder(cls, config)
-    common = dict(batch_size=batch, sequence_length=sequence, **PLAN_OPTIONS)
+    common = dict(batch_size=batch, sequence_length=sequence, remat=args.remat, **PLAN_OPTIONS)
     specs = [s for s in args.meshes.split(";") if s] or [
         c.spec for c in kdist.plan(build, args.devices, **common).candidates if c.valid
     ]

@@ -189,6 +189,18 @@ LONG_SPAN_RESULTS = "benchmarks/results/planner_vs_deviceless_long_spans.json"
 LONG_SPAN_KERNELS = 33
 LONG_SPAN_LOW = 0.39
 
+# remat=True (each node of the graph recomputed in the backward, docs/plan.md "Remat, compiled"): the estimate keeps the
+# scheduler's and the waiting weight-gradient kernels' bounds, which hold more against the small values remat leaves
+# than beside whole layers' activations, and misses some of what XLA:GPU keeps from a layer's recomputed forward. XLA's
+# figure / the estimate was between REMAT_LOW and REMAT_HIGH on REMAT_RESULTS (six families at hidden 256 on every
+# mesh of 8 deviceless H100s and on one, rounded outward); the band of such a candidate on a GPU reaches them.
+REMAT_RESULTS = (
+    "benchmarks/results/planner_vs_deviceless_families_held_out_remat.json",
+    "benchmarks/results/planner_vs_deviceless_families_held_out_1_remat.json",
+)
+REMAT_LOW = 0.65
+REMAT_HIGH = 1.22
+
 # Measured / estimated step time on one H100 under XLA's default flags, for the models of MEASURED_RESULTS whose
 # estimated step is at least SHORT_STEP seconds (the smallest and largest, rounded outward). The estimate is a
 # roofline: a lower bound. Shorter steps are dominated by costs it does not count (kernel launches, the call).
