@@ -71,7 +71,8 @@ into ..._2.json; with --devices 12 --batch 48 --width 384,2 --models llama3,xlm_
 ..._3_h384_l2.json; with --remat --batch 128 --models llama3,qwen3,gemma3,electra,xlm_roberta,t5, six of them planned
 and compiled with every node of the graph recomputed, into ..._remat.json, with --devices 1 --batch 16 on one device,
 into ..._1_remat.json, and with --devices 4 --batch 64 --models smollm3,bart,esm,deberta_v3 four others on 4 devices,
-into ..._4_remat.json); with --families-unseen two families no earlier run compiled
+into ..._4_remat.json, and with --remat --dtype bfloat16 --batch 128 --models llama3,qwen3,gemma3 into
+..._bfloat16_remat.json); with --families-unseen two families no earlier run compiled
 (`FAMILIES_UNSEEN`: RoFormerV2, Whisper), into planner_vs_deviceless_families_unseen.json; with --outside-zoo six
 keras-hub backbones kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
 planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run had compiled (`NEWEST_FAMILIES`:
@@ -1277,8 +1278,8 @@ def main():
     missed = {row["config"] for row in earlier["rows"]} - {row["config"] for row in rows} if args.reestimate else set()
     if missed and not args.models:  # writing would drop their rows: XLA's figures, a compile each to take again
         parser.error(
-            f"--reestimate found no config of this run labelled {sorted(missed)} in {out.name}: give the --batch, "
-            "--sequence, --width, --dtype and --remat they were compiled with; the file is left as it was"
+            f"--reestimate: the configs {sorted(missed)} stored in {out.name} are not among this run's; give the "
+            "--batch, --sequence, --width, --dtype and --remat they were compiled with (the file is left as it was)"
         )
     result = {"machine": machine_info(), "target": f"{devices} H100s (deviceless XLA:GPU)", "rows": rows}
     if args.reestimate:

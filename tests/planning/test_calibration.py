@@ -168,6 +168,7 @@ TASKS = "benchmarks/results/planner_vs_deviceless_tasks.json"  # 6 keras-hub tas
 MIXED_LENGTHS = "benchmarks/results/planner_vs_deviceless_mixed_lengths.json"  # inputs' lengths by name, on 8
 FAMILIES_HELD_OUT_FLOAT16 = "benchmarks/results/planner_vs_deviceless_families_held_out_float16.json"  # T5, Qwen3
 REMAT_HELD_OUT = "benchmarks/results/planner_vs_deviceless_families_held_out_4_remat.json"  # 4 more, remat, on 4
+REMAT_BFLOAT16 = "benchmarks/results/planner_vs_deviceless_families_held_out_bfloat16_remat.json"  # 3, bf16, remat
 FAMILIES_HELD_OUT_S64 = "benchmarks/results/planner_vs_deviceless_families_held_out_s64.json"  # 4, 256 x 64 tokens
 
 
@@ -941,13 +942,18 @@ def test_with_remat_the_band_reaches_the_most_xla_took_either_way_of_the_estimat
 
 def test_with_remat_four_families_held_out_stay_under_the_top_of_the_remat_band():
     """Four other families with remat on every mesh of 4 devices, compiled after REMAT_LOW and REMAT_HIGH were drawn:
-    none above its band's top; the two outside it are over it (ESM's fsdp meshes, 1.64-1.65)."""
+    none above its band's top; the two outside it are over it (ESM's fsdp meshes, 1.64-1.65). In bfloat16 (three of
+    the six, every mesh of 8) all in band, none under."""
     rows = _rows(REMAT_HELD_OUT)
     assert len(rows) == 24 and {r["config"].split()[0] for r in rows} == {"smollm3", "bart", "esm", "deberta_v3"}
     assert not any(r["xla_gpu_deviceless"] > r["estimate"] * REMAT_HIGH + GEMM_WORKSPACE for r in rows)
     outside = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"]}
     assert outside == {("esm", "fsdp=4"), ("esm", "data=2,fsdp=2")}
     assert all(r["estimate"] > r["xla_gpu_deviceless"] / REMAT_LOW for r in rows if not r["in_band"])
+    in_bfloat16 = _rows(REMAT_BFLOAT16)  # held out as well: three of the six in bfloat16 throughout, on 8 devices
+    assert len(in_bfloat16) == 30 and all(
+        r["in_band"] and r["estimate"] >= r["xla_gpu_deviceless"] for r in in_bfloat16
+    )
 
 
 def test_unsure_estimates_get_a_wider_band_and_say_why():
