@@ -58,6 +58,16 @@ def _axes(spec):
     return {k: int(v) for k, v in (part.split("=") for part in spec.split(","))}
 
 
+def _rounded_up(ratio):
+    """`ratio` rounded up to whole percents, as the calibration's bounds are."""
+    return -(-ratio * 100 // 1) / 100
+
+
+def _rounded_down(ratio):
+    """`ratio` rounded down to whole percents."""
+    return ratio * 100 // 1 / 100
+
+
 def _rows(*paths):
     """The rows of the stored results at `paths` (relative to the project), in order."""
     return [r for path in paths for r in json.loads((ROOT / path).read_text())["rows"]]
@@ -175,7 +185,7 @@ FAMILIES_HELD_OUT_S64 = "benchmarks/results/planner_vs_deviceless_families_held_
 def test_fused_attention_on_a_gpu_reaches_the_most_a_measured_fused_config_took_rounded_up():
     ratios = [ratio for _, _, ratio in _stored_rows(fused=True)]
     assert len(ratios) >= 3
-    assert FUSED_GPU_HIGH == pytest.approx(-(-max(ratios) * 100 // 1) / 100)
+    assert FUSED_GPU_HIGH == pytest.approx(_rounded_up(max(ratios)))
     band = next(b for b in BANDS if (b.mesh, b.family) == ("single", "transformer"))
     vit = [r for _, r in _measured_rows() if r["config"].startswith("vit") and r["estimate"]["attention"] == "fused"]
     assert sum(band.low <= r <= band.high for r in ratios) == len(ratios) - len(vit)  # all but ViT's, no cuDNN there
@@ -189,7 +199,7 @@ def test_on_a_real_gpu_peaks_exceed_the_deviceless_compile_the_estimate_follows_
     rows = {r["config"]: r for run, r in _measured_rows() if not run["xla_flags"] and r["config"] in compiled}
     assert len(rows) == len(compiled) >= 8
     over = [r["measured_peak_bytes"] / compiled[label]["xla_gpu_deviceless"] for label, r in rows.items()]
-    assert AUTOTUNED_HIGH == pytest.approx(-(-max(over) * 100 // 1) / 100)
+    assert AUTOTUNED_HIGH == pytest.approx(_rounded_up(max(over)))
     for label, r in rows.items():
         ratio = r["estimate"]["peak_bytes"] / compiled[label]["xla_gpu_deviceless"]
         assert ratio >= (1 / SOFT_CAP_HIGH if _family(r) == "capped transformer" else 0.95), label
@@ -697,15 +707,15 @@ def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward(kind, f
     extremes, not fitted (soft-capped rows reach SOFT_CAP_HIGH instead of raising the class's top)."""
     rows = [(f, r) for k, f, r in _stored_rows() if k == kind and f.endswith(family)]
     band = next(b for b in BANDS if (b.mesh, b.family) == (kind, family))
-    assert band.low == pytest.approx(int(min(r for _, r in rows) * 100) / 100)
-    assert band.high == pytest.approx(-(-max(r for f, r in rows if f == family) * 100 // 1) / 100)
+    assert band.low == pytest.approx(_rounded_down(min(r for _, r in rows)))
+    assert band.high == pytest.approx(_rounded_up(max(r for f, r in rows if f == family)))
 
 
 def test_a_soft_cap_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
     """Gemma 2 on every mesh of 8, 4 and 16 devices (`--families --models gemma2 --devices N`)."""
     rows = _rows(*SOFT_CAP_RESULTS)
     capped = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _family(r) == "capped transformer"]
-    assert len(capped) == 10 + 6 + 15 and SOFT_CAP_HIGH == pytest.approx(-(-max(capped) * 100 // 1) / 100)
+    assert len(capped) == 10 + 6 + 15 and SOFT_CAP_HIGH == pytest.approx(_rounded_up(max(capped)))
     pytest.importorskip("keras_hub")
     from kdist import zoo
 
@@ -726,7 +736,7 @@ def test_an_activation_several_layers_read_gets_a_band_up_to_the_most_xla_took_o
     paths = [p for p in (ROOT / "benchmarks/results").glob("planner_vs_deviceless_*.json") if "_gpu" not in p.name]
     rows = [r for path in paths for r in json.loads(path.read_text())["rows"] if "model" in _axes(r["mesh"])]
     excess = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if r["config"].split()[0] in SHARED_INPUT_FAMILIES]
-    assert len(excess) > 300 and SHARED_INPUT_HIGH == pytest.approx(-(-max(excess) * 100 // 1) / 100)
+    assert len(excess) > 300 and SHARED_INPUT_HIGH == pytest.approx(_rounded_up(max(excess)))
     pytest.importorskip("keras_hub")
     from kdist import zoo
 
@@ -776,12 +786,10 @@ def test_the_measured_step_time_range_is_the_stored_h100_steps_rounded_outward()
     rows = [r for r in default if r["estimate"]["step_seconds"] >= SHORT_STEP]
     assert len(rows) >= 5
     ratios = [r["step_seconds_median"] / r["estimate"]["step_seconds"] for r in rows]
-    assert MEASURED_STEP == pytest.approx((int(min(ratios) * 100) / 100, -(-max(ratios) * 100 // 1) / 100))
+    assert MEASURED_STEP == pytest.approx((_rounded_down(min(ratios)), _rounded_up(max(ratios))))
     short = [r for r in default if r["estimate"]["step_seconds"] < SHORT_STEP]
     short_ratios = [r["step_seconds_median"] / r["estimate"]["step_seconds"] for r in short]
-    assert MEASURED_SHORT_STEP == pytest.approx(
-        (int(min(short_ratios) * 100) / 100, -(-max(short_ratios) * 100 // 1) / 100)
-    )
+    assert MEASURED_SHORT_STEP == pytest.approx((_rounded_down(min(short_ratios)), _rounded_up(max(short_ratios))))
     words = " ".join(kdist.plan(kdist.abstract_model(tiny_transformer), 1, batch_size=16, target="H100").notes)
     assert f"measured steps took {MEASURED_STEP[0]:.2f}-{MEASURED_STEP[1]:.2f}x the estimate" in words
 
@@ -872,7 +880,7 @@ def test_16_bit_compute_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
     rows = _rows(MIXED_PRECISION_RESULTS)
     assert len({r["config"] for r in rows}) == 8 and len(rows) == 80
     ratios = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows]
-    assert MIXED_PRECISION_HIGH == pytest.approx(-(-max(ratios) * 100 // 1) / 100)
+    assert MIXED_PRECISION_HIGH == pytest.approx(_rounded_up(max(ratios)))
     tops = [band_class(_axes(r["mesh"]), "transformer")[0].high for r in rows]
     assert any(ratio > top for ratio, top in zip(ratios, tops))  # the class bands alone would not hold them
     model = kdist.abstract_model(tiny_transformer)
@@ -914,8 +922,8 @@ def test_experts_on_several_devices_get_a_band_up_to_the_most_xla_took_over_the_
     rows = _rows(MOE_RESULTS)
     on_fsdp = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _axes(r["mesh"]).get("fsdp", 1) > 1]
     others = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _axes(r["mesh"]).get("fsdp", 1) == 1]
-    assert len(on_fsdp) >= 20 and MOE_FSDP_HIGH == pytest.approx(-(-max(on_fsdp) * 100 // 1) / 100)
-    assert len(others) >= 20 and MOE_HIGH == pytest.approx(-(-max(others) * 100 // 1) / 100)
+    assert len(on_fsdp) >= 20 and MOE_FSDP_HIGH == pytest.approx(_rounded_up(max(on_fsdp)))
+    assert len(others) >= 20 and MOE_HIGH == pytest.approx(_rounded_up(max(others)))
     pytest.importorskip("keras_hub")
     from kdist import zoo
 
@@ -934,8 +942,8 @@ def test_with_remat_the_band_reaches_the_most_xla_took_either_way_of_the_estimat
     rows = _rows(*REMAT_RESULTS)
     truth = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows]
     assert len(rows) == 66 and all(r["config"].endswith(" remat") for r in rows)
-    assert REMAT_LOW == pytest.approx(min(truth) * 100 // 1 / 100)
-    assert REMAT_HIGH == pytest.approx(-(-max(truth) * 100 // 1) / 100)
+    assert REMAT_LOW == pytest.approx(_rounded_down(min(truth)))
+    assert REMAT_HIGH == pytest.approx(_rounded_up(max(truth)))
     one_device = [r for r in rows if r["mesh"] == "data=1"]
     assert len(one_device) == 6 and all(r["estimate"] < 0.95 * r["xla_gpu_deviceless"] for r in one_device)
 
@@ -1017,7 +1025,7 @@ def test_a_longer_sublayer_backward_gets_a_band_down_to_what_xla_took_on_several
     estimate, rounded down; a plan with so long a sublayer backward says so on meshes of several devices."""
     rows = _rows(LONG_SPAN_RESULTS)
     assert len(rows) == 10
-    assert LONG_SPAN_LOW == pytest.approx(int(min(r["xla_gpu_deviceless"] / r["estimate"] for r in rows) * 100) / 100)
+    assert LONG_SPAN_LOW == pytest.approx(_rounded_down(min(r["xla_gpu_deviceless"] / r["estimate"] for r in rows)))
     pytest.importorskip("keras_hub")
     for devices in (8, 1):
         _, result = _step(monkeypatch, "qwen3_5", devices)
