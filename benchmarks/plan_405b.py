@@ -21,6 +21,7 @@ import resource
 import time
 from pathlib import Path
 
+from kdist.abstract import dtype_policy_scope
 from kdist.machine import machine_info
 from kdist.zoo import PUBLISHED
 
@@ -39,17 +40,13 @@ def build():
 
 
 def main():
-    import keras
     import keras_hub  # noqa: F401  (fails early when keras-hub is missing)
 
     import kdist  # before keras_hub: selects the JAX backend
 
-    keras.config.set_dtype_policy("mixed_bfloat16")
     start = time.perf_counter()
-    try:
+    with dtype_policy_scope("mixed_bfloat16"):
         model = kdist.abstract_model(build)
-    finally:
-        keras.config.set_dtype_policy("float32")
     build_seconds = time.perf_counter() - start
     parameters = sum(math.prod(v.shape) for v in model.weights)
     print(f"built {model.name} abstractly: {parameters / 1e9:.1f}e9 parameters, {build_seconds:.1f} s")

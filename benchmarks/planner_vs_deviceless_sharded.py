@@ -129,6 +129,7 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 
+from kdist.abstract import dtype_policy_scope  # noqa: E402
 from kdist.rules.hub import BACKBONES  # noqa: E402  (after JAX_PLATFORMS: importing kdist imports jax)
 from kdist.zoo import PUBLISHED, TINY  # noqa: E402
 
@@ -210,16 +211,10 @@ def hub_builder(cls, config):
     module, _, name = cls.rpartition(".")
 
     def build():
-        import keras  # here, not above: ruff would sort it above kdist, which must set Keras's backend first
-
         kwargs = {k: hub_builder(*v)() if _built(v) else v for k, v in config.items()}
         policy = kwargs.pop("dtype", None) if module == "keras.applications" else None
-        previous = keras.config.dtype_policy()
-        keras.config.set_dtype_policy(policy or previous)
-        try:
+        with dtype_policy_scope(policy):
             return getattr(importlib.import_module(module or "keras_hub.models"), name)(**kwargs)
-        finally:
-            keras.config.set_dtype_policy(previous)
 
     return build
 

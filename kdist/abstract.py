@@ -1,4 +1,8 @@
-"""Building models without allocating their weights."""
+"""Building models: without allocating their weights, and under a dtype policy."""
+
+import contextlib
+
+import keras
 
 from kdist.checks import shown
 from kdist.errors import ArgumentTypeError
@@ -24,3 +28,16 @@ def abstract_model(build, *args, **kwargs):
         )
     with deferred():
         return build(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def dtype_policy_scope(policy):
+    """Keras's global dtype policy set to `policy` (a name or `keras.DTypePolicy`; None: left as it is) inside the
+    block and the previous one restored after it, also when the block raises: a model built inside takes `policy`."""
+    previous = keras.config.dtype_policy()
+    if policy is not None:
+        keras.config.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)

@@ -2,6 +2,7 @@ import keras
 import pytest
 
 import kdist
+from kdist.abstract import dtype_policy_scope
 from tests.helpers import float_scaled_model
 
 
@@ -34,3 +35,15 @@ def test_a_variable_made_from_a_value_is_abstract_too():
     assert model.optimizer.iterations._value is None and tuple(model.optimizer.iterations.shape) == ()
     assert "__init__" not in vars(keras.Variable)  # Keras's own again after the block
     assert keras.Variable(3.0).numpy() == 3.0
+
+
+def test_a_model_built_in_a_dtype_policy_scope_takes_it_and_the_previous_policy_comes_back_after_an_error():
+    before = keras.config.dtype_policy().name
+    with dtype_policy_scope("mixed_bfloat16"):
+        model = kdist.abstract_model(kdist.models.mnist_mlp)
+    assert model.get_layer("d1").compute_dtype == "bfloat16" and keras.config.dtype_policy().name == before
+    with pytest.raises(RuntimeError), dtype_policy_scope("bfloat16"):
+        raise RuntimeError("building failed")
+    assert keras.config.dtype_policy().name == before
+    with dtype_policy_scope(None):  # None: the policy in force
+        assert keras.config.dtype_policy().name == before

@@ -19,7 +19,7 @@ import math
 
 import keras
 
-from kdist.abstract import abstract_model
+from kdist.abstract import abstract_model, dtype_policy_scope
 from kdist.planning.buffers import SWITCHES, Rules
 
 GPU_RESULTS = "benchmarks/results/planner_vs_gpu.json"  # one H100, measured peaks
@@ -269,12 +269,8 @@ def build_config(config, abstract=True, **overrides):
     Abstractly (no weights allocated) unless `abstract=False`: then with its weights, to train.
     """
     config = {**config, "config": {**config.get("config", {}), **overrides}}
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(config.get("dtype_policy", "float32"))
-    try:
+    with dtype_policy_scope(config.get("dtype_policy", "float32")):
         return abstract_model(_builder(config)) if abstract else _builder(config)()
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def rule_sets():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import kdist
+from kdist.abstract import dtype_policy_scope
 from kdist.planning import branches, memory_model
 from kdist.planning.facts import ModelFacts
 from kdist.planning.step import trace_step
@@ -107,11 +108,8 @@ def test_a_chain_of_layers_and_branches_that_meet_again_are_left_in_the_traces_o
 def test_a_weight_gradient_cast_to_float32_is_no_branch():
     """Under mixed precision a weight gradient's product is 16-bit and a cast makes the float32 gradient: the
     product passes nothing on to the backward, so it is no branch (the reduction groups decide when it runs)."""
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    try:
+    with dtype_policy_scope("mixed_bfloat16"):
         step = _step(_chain)
-    finally:
-        keras.config.set_dtype_policy("float32")
     products = [t for t in range(step.bwd_start, len(step.events)) if step.event_gemms[t]]
     sixteen_bit = [t for t in products if any(step.dtype[b] == "bfloat16" and len(step.shape[b]) == 2
                                               for b in step.events[t][0])]  # fmt: skip

@@ -4,6 +4,7 @@ it, and each convolution kernel has a filter-layout copy from its forward to its
 import keras
 
 import kdist
+from kdist.abstract import dtype_policy_scope
 from tests.planning.test_memory_model import _recorded_factors
 
 
@@ -77,10 +78,7 @@ def test_each_convolution_kernel_has_a_filter_layout_copy_on_a_gpu(monkeypatch):
 def test_a_mixed_precision_kernels_cast_is_its_copy(monkeypatch):
     """Under mixed_bfloat16 the convolution reads the kernel's bfloat16 cast, which the backward reads again: that
     cast is the copy, none is added."""
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    try:
+    with dtype_policy_scope("mixed_bfloat16"):
         step, _ = _traced(monkeypatch, _convolved)
-    finally:
-        keras.config.set_dtype_policy("float32")
     copies = [g for g in _kernel_copies(step) if len(step.shape[g]) == 4]  # the Dense kernel's cast aside
     assert len(copies) == 2 and all(step.dtype[g] == "bfloat16" for g in copies)

@@ -9,6 +9,7 @@ import pytest
 
 import kdist
 from kdist import PlanError
+from kdist.abstract import dtype_policy_scope
 from kdist.errors import ArgumentError
 from kdist.models import tiny_transformer
 from kdist.planning import comm, memory_model
@@ -70,13 +71,9 @@ def test_a_logit_soft_cap_is_fused_on_a_tpu_and_computed_by_the_layer_on_a_gpu()
 def test_the_gpu_default_attention_follows_the_compute_dtype(llama):
     assert kdist.plan(llama, 1, batch_size=4, sequence_length=64, target="gpu").attention == "materialized"
     assert kdist.plan(llama, 1, batch_size=4, sequence_length=64, target="tpu").attention == "fused"
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    try:
+    with dtype_policy_scope("mixed_bfloat16"):
         keras_hub = pytest.importorskip("keras_hub")
         half = kdist.abstract_model(keras_hub.models.LlamaBackbone, **LLAMA)
-    finally:
-        keras.config.set_dtype_policy(previous)
     p = kdist.plan(half, 1, batch_size=4, sequence_length=64, target="gpu")
     assert p.attention == "fused" and any("attention traced fused" in n for n in p.notes)
     full = _one(llama, 4, 64, attention="fused")
@@ -394,14 +391,10 @@ def test_an_fft_holds_whole_copies_of_its_operand_and_output_on_several_devices(
 def _float32_inside_bfloat16():
     """A bfloat16 model whose middle layer keeps float32, as keras-hub's SmolLM3 builds its attention and MLP without
     the backbone's dtype policy."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("bfloat16")
-    try:
+    with dtype_policy_scope("bfloat16"):
         x = keras.Input((512,))
         y = keras.layers.Dense(1024, dtype="float32", name="full")(keras.layers.Dense(1024, name="half")(x))
         return keras.Model(x, keras.layers.Dense(8, name="head")(y))
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def test_fsdp_gathers_each_weight_in_the_dtype_of_the_layer_that_computes_with_it(monkeypatch):

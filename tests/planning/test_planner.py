@@ -6,6 +6,7 @@ import pytest
 
 import kdist
 from kdist import PlanError, SpecError
+from kdist.abstract import dtype_policy_scope
 from kdist.errors import SizeError
 from kdist.meshes import meshes
 from kdist.models import mnist_mlp, tiny_transformer
@@ -403,12 +404,9 @@ def test_verify_compiles_a_mixed_float16_step_with_keras_loss_scaling():
         inputs = keras.Input((784,))
         return keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Dense(256, activation="relu")(inputs)))
 
-    arguments, previous = {}, keras.config.dtype_policy()
+    arguments = {}
     for policy in ("mixed_bfloat16", "mixed_float16"):
-        keras.config.set_dtype_policy(policy)
-        try:
+        with dtype_policy_scope(policy):
             result = kdist.plan(mlp, 8, batch_size=64, verify=["data=8"])
-        finally:
-            keras.config.set_dtype_policy(previous)
         arguments[policy] = result.candidate("data=8").compiled["argument"]
     assert 0 < arguments["mixed_float16"] - arguments["mixed_bfloat16"] <= 64
