@@ -34,6 +34,18 @@ def verify(result, facts, specs=None, progress=None, devices=None, compiler_opti
             f"kdist.fake_devices({n}) before importing jax or keras, or run `kdist plan ... --verify --fake-devices "
             f"{n}`."
         )
+    if not facts.is_model:
+        raise PlanError(
+            "verify=True compiles the model's training step, but the plan was given its variables: pass the model "
+            "(or a function that builds it) to verify, or leave verify out to plan the variables' state."
+        )
+    if facts.inputs is None:
+        raise PlanError(
+            f"verify=True compiles the model's training step, which needs the shapes of its inputs, and model "
+            f"{facts.name!r} has none: it is not a functional Keras model (no keras.Input). Build it as a functional "
+            "or Sequential model from keras.Input to verify it, or leave verify out (the plan then counts its "
+            "variables' state, not its activations)."
+        )
     unknown = (specs or set()) - {c.spec for c in result.candidates} - {c.shape for c in result.candidates}
     if unknown:
         raise PlanError(

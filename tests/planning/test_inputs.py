@@ -28,6 +28,23 @@ def _tokens_and_image():
 TWO_INPUTS = kdist.abstract_model(_tokens_and_image)
 
 
+class _Subclassed(keras.Model):
+    """A model with no layer graph: built by calling it, so it keeps no keras.Input."""
+
+    def __init__(self):
+        super().__init__(name="subclassed")
+        self.dense = keras.layers.Dense(4)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def _subclassed():
+    model = _Subclassed()
+    model(np.zeros((1, 8), "float32"))
+    return model
+
+
 def plan(model=MODEL, devices=8, **options):
     """kdist.plan of the MLP on 8 devices with a batch of 8, but for `options`."""
     return lambda: kdist.plan(model, devices, **{"batch_size": 8, **options})
@@ -76,6 +93,8 @@ CASES = [
     (plan(rules="nosuchfamily"), RuleError, "Unknown rule set 'nosuchfamily'", "llama"),
     (plan(rules=3), ArgumentTypeError, "rules must be", "received int"),
     (plan(verify="yes"), PlanError, "verify must be True, False or a list of candidate specs", "'yes'"),
+    (plan(model=MODEL.weights, verify=True), PlanError, "verify=True compiles the model's training", "pass the model"),
+    (plan(model=_subclassed(), verify=["data=8"]), PlanError, "model 'subclassed' has none", "from keras.Input"),
     (plan(target="H900"), ArgumentError, "target='H900'", "'H100'"),
     (plan(target=3), ArgumentError, "target must be", "target=3"),
     (plan(attention="fastest"), PlanError, "attention must be one of 'fused', 'materialized'", "'fastest'"),
