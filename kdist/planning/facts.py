@@ -8,7 +8,7 @@ import keras
 from kdist.checks import is_int, shown
 from kdist.errors import ArgumentError, ArgumentTypeError, KdistError, ModelError, PlanError, cause
 from kdist.inspection.inspector import planned_optimizer
-from kdist.keras_internals import array_of, deferred, input_struct, set_path
+from kdist.keras_internals import array_of, deferred, input_struct, output_struct, set_path
 from kdist.keras_internals.optimizers import plan_optimizer, state_owners
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.attention import default_attention
@@ -86,6 +86,8 @@ class ModelFacts:
         )
         self.owners = state_owners(self.optimizer_variables, self.slots)  # a repeated weight's own state repeats
         self.inputs = _input_shapes(self.model, sequence_length) if self.is_model else None
+        if self.is_model:
+            _check_float_output(self.model)
         self.notes += _fixed_batches(self.model) if self.inputs is not None else []
         first_tokens = _fixed_sequence_length(self.inputs) if self.inputs is not None else None
         if sequence_length is None:
@@ -305,6 +307,19 @@ def _fixed_batches(model):
         for t in keras.tree.flatten(input_struct(model))
         if len(t.shape) and t.shape[0] is not None
     ]
+
+
+def _check_float_output(model):
+    """Refuse a model whose outputs are all integers (an argmax): no loss on them differentiates its weights."""
+    outputs = output_struct(model)
+    outputs = [] if outputs is None else keras.tree.flatten(outputs)
+    if outputs and not any(is_float(t.dtype) for t in outputs):
+        raise ModelError(
+            f"Model {model.name!r} has no floating-point output (its outputs are {[str(t.dtype) for t in outputs]}): "
+            "kdist plans a training step, whose loss must be differentiable in an output. Plan the model that makes "
+            "the values these outputs are taken from (before the argmax), or its variables alone "
+            "(kdist.plan(model.weights, ...))."
+        )
 
 
 def _input_shapes(model, sequence_length):

@@ -18,6 +18,7 @@ from kdist.jax_internals import (
 from kdist.keras_internals import KerasTensor, deferred, rematerialize_nodes, symbolic_build
 from kdist.planning.trace import TRACE_BATCH, label_shape, loss_reads
 from kdist.presets import build_preset
+from kdist.units import is_float
 
 
 def verify(result, facts, specs=None, progress=None, devices=None, compiler_options=None):
@@ -62,7 +63,8 @@ def compiled_memory(facts, candidate, batch_size, devices=None, compiler_options
     """XLA's memory analysis of the Keras training step of the model on `candidate`'s mesh.
 
     The model is rebuilt abstractly, compiled with the planned optimizer and a
-    softmax cross-entropy loss on each output, and `model.train_step` is
+    softmax cross-entropy loss on each float output of rank 2 or more (a mean
+    squared error on one of rank 1, none on an integer one), and `model.train_step` is
     lowered from `jax.ShapeDtypeStruct`s carrying the candidate's shardings:
     nothing is allocated. With the plan's `remat=True` each node of the
     model's graph recomputes its forward in the backward, as the estimate
@@ -113,6 +115,8 @@ def _compiled_memory(facts, candidate, batch_size, devices, compiler_options):
     state = tuple([sharded(v) for v in group] for group in groups)
 
     def data_struct(s):
+        if s is None:  # the labels of an output no loss reads
+            return None
         axes = dist.get_data_layout(s.shape).axes
         return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, PartitionSpec(*axes)))
 
@@ -145,15 +149,21 @@ def _build_step(clone, x, optimizer, traced):
     traced = iter(traced)
 
     def labels(t):
-        shape, examples = label_shape(t.shape)[1:], batch
-        if loss_reads(t):
-            known = next(traced, (TRACE_BATCH, *shape))
-            examples = batch if known[0] == TRACE_BATCH else known[0]  # 1: an output the batch shares (SAM's)
-            shape = tuple(known[1:])  # what the layers make, where a spec differs (SAM 3's presence logits)
-        return jax.ShapeDtypeStruct((examples, *shape), "int32")
+        if not is_float(t.dtype):
+            return None  # an integer output (an argmax): no gradient reaches the model through it
+        if not loss_reads(t):  # a float output of rank 1 (a regression's): float targets
+            return jax.ShapeDtypeStruct((batch, *t.shape[1:]), t.dtype)
+        known = next(traced, (TRACE_BATCH, *label_shape(t.shape)[1:]))
+        examples = batch if known[0] == TRACE_BATCH else known[0]  # 1: an output the batch shares (SAM's)
+        return jax.ShapeDtypeStruct((examples, *known[1:]), "int32")  # known: what the layers make (SAM 3's logits)
+
+    def loss(t):
+        if not is_float(t.dtype):
+            return None
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True) if loss_reads(t) else "mse"
 
     y = keras.tree.map_structure(labels, outputs)
-    loss = keras.tree.map_structure(lambda _: keras.losses.SparseCategoricalCrossentropy(from_logits=True), outputs)
+    loss = keras.tree.map_structure(loss, outputs)
     if clone.dtype_policy.name == "mixed_float16":  # what compile() would wrap it in, inside the deferred scope
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     with deferred():

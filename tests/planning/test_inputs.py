@@ -45,6 +45,11 @@ def _subclassed():
     return model
 
 
+def _argmax_only():
+    inputs = keras.Input((8,))
+    return keras.Model(inputs, keras.ops.argmax(keras.layers.Dense(4)(inputs), axis=-1))
+
+
 def plan(model=MODEL, devices=8, **options):
     """kdist.plan of the MLP on 8 devices with a batch of 8, but for `options`."""
     return lambda: kdist.plan(model, devices, **{"batch_size": 8, **options})
@@ -54,6 +59,7 @@ CASES = [
     (plan(model="mlp"), ModelError, "needs a Keras model", "received str"),
     (plan(model=keras.Sequential([keras.layers.Dense(4)])), ModelError, "has no variables: build it", "keras.Input"),
     (plan(model=kdist.abstract_model(_frozen)), ModelError, "2 variables and none is trainable", "trainable = True"),
+    (plan(model=_argmax_only), ModelError, "has no floating-point output", "['int32']", "before the argmax"),
     (plan(devices=0), PlanError, "devices must be a positive integer; received 0"),
     (plan(devices="8"), PlanError, "devices must be a positive integer; received '8'"),
     (plan(devices=10**9), PlanError, "devices=1000000000", "typo"),

@@ -344,6 +344,30 @@ def test_verify_compiles_a_step_whose_weight_a_python_float_initializes():
     assert checked.compiled and checked.compiled["peak"] > 0
 
 
+def _regression(squeezed):
+    inputs = keras.Input((64,))
+    prediction = keras.layers.Dense(1)(keras.layers.Dense(256, activation="relu")(inputs))
+    return keras.Model(inputs, prediction[:, 0] if squeezed else prediction)
+
+
+def _with_argmax():
+    inputs = keras.Input((64,))
+    logits = keras.layers.Dense(16)(keras.layers.Dense(256, activation="relu")(inputs))
+    return keras.Model(inputs, [logits, keras.ops.argmax(logits, axis=-1)])
+
+
+def test_verify_compiles_a_rank_1_regression_output_and_an_integer_output_beside_a_float_one():
+    """Keras's sparse cross-entropy refuses both (verify raised for them): a float output of rank 1 takes a mean
+    squared error, and an integer output no loss, as the estimate's step has them."""
+    squeezed, column, argmax = (
+        kdist.plan(build, 8, batch_size=64, verify=["data=8"]).candidate("data=8")
+        for build in (lambda: _regression(True), lambda: _regression(False), _with_argmax)
+    )
+    assert squeezed.compiled and column.compiled and argmax.compiled
+    assert squeezed.peak == pytest.approx(column.peak, rel=1e-3)  # the labels differ by a few bytes
+    assert squeezed.compiled["peak"] == pytest.approx(column.compiled["peak"], rel=0.02)
+
+
 def test_a_step_keras_cannot_build_for_verify_is_a_plan_error_naming_the_mesh(monkeypatch):
     def refuse(model, batch):
         raise RuntimeError("Unable to automatically build the model.")
