@@ -129,8 +129,8 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 
-from kdist.abstract import dtype_policy_scope  # noqa: E402
-from kdist.rules.hub import BACKBONES  # noqa: E402  (after JAX_PLATFORMS: importing kdist imports jax)
+from kdist.abstract import dtype_policy_scope  # noqa: E402  (after JAX_PLATFORMS: importing kdist imports jax)
+from kdist.rules.hub import BACKBONES  # noqa: E402
 from kdist.zoo import PUBLISHED, TINY  # noqa: E402
 
 DEVICES = 8
