@@ -87,6 +87,8 @@ def grid_view(x, rows=None, cols=None, *, distribution=None, name=None):
     Returns:
         A `GridView` (rich-printable, `str()` gives text, HTML in notebooks).
     """
+    if name is not None and not isinstance(name, str):
+        raise ArgumentError(f"name must be a title string or None; received name={shown(name)}.")
     path = name or getattr(x, "path", None) or "array"
     if not isinstance(x, jax.Array) and array_of(x) is not None:
         x = array_of(x)

@@ -136,7 +136,7 @@ class ParallelDims:
     axis_names: tuple = None
 
     def __post_init__(self):
-        axes = tuple(tuple(a) for a in self.axes)
+        axes = self._pairs(self.axes)
         for role, size in axes:
             if role is not None and role not in ROLES:
                 raise SpecError(f"Mesh axis role {role!r} is not one of {', '.join(ROLES)} (or None).")
@@ -161,6 +161,19 @@ class ParallelDims:
                 names = None
         object.__setattr__(self, "axes", tuple((r, int(s)) for r, s in axes))
         object.__setattr__(self, "axis_names", names)
+
+    @staticmethod
+    def _pairs(axes):
+        try:
+            pairs = tuple(tuple(a) for a in axes)
+        except TypeError:
+            pairs = None
+        if isinstance(axes, str) or pairs is None or not all(len(p) == 2 for p in pairs):
+            raise SpecError(
+                f"ParallelDims axes must be (role, size) pairs such as (('data', 2), ('model', 4)); "
+                f"received axes={shown(axes)}."
+            )
+        return pairs
 
     @staticmethod
     def roles_of(axes):

@@ -402,7 +402,7 @@ def check_dtype(dtype):
         return None
     try:
         ok = is_float(dtype)
-    except TypeError:
+    except (TypeError, ValueError):  # numpy reads "a,b" as a record format and refuses some
         ok = False
     if not ok:
         policy = (

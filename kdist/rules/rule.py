@@ -84,9 +84,7 @@ class Rule:
         except re.error as e:
             raise RuleError(f"Rule {self.pattern!r} is not a valid regex: {e}.") from None
         follows = tuple(self.follows) if isinstance(self.follows, (tuple, list)) else self.follows
-        if follows and (
-            len(follows) != 2 or not isinstance(follows[0], str) or not follows[0] or follows[1] not in FOLLOW_MODES
-        ):
+        if follows is not None and not (isinstance(follows, tuple) and (follows == () or _is_follow_pair(follows))):
             raise RuleError(
                 f"Rule {self.pattern!r}: follows must be (sibling name, mode) with a mode in {sorted(FOLLOW_MODES)}, "
                 f"e.g. ('kernel', 'trailing'); received {shown(self.follows)}."
@@ -349,6 +347,11 @@ def _rule(item):
     if isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
         return Rule(*item)
     raise RuleError(f"A rule must be a kdist.Rule or a (pattern, layouts) pair; received {_kind(item)}.")
+
+
+def _is_follow_pair(follows):
+    sibling, mode = follows if len(follows) == 2 else (None, None)
+    return isinstance(sibling, str) and sibling != "" and isinstance(mode, str) and mode in FOLLOW_MODES
 
 
 def _candidates(pattern, layouts):

@@ -133,6 +133,11 @@ def make_dataset(
     distribution = _distribution(distribution)
     batch = _resolve_batch(global_batch_size, per_replica_batch_size, distribution)
     check_batch_size(batch, distribution)
+    for name, value in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+        if value is not None and not keras.tree.flatten(value):
+            raise ArgumentTypeError(
+                f"{name} holds no arrays; received {name}={shown(value)}. Pass an array or a structure of arrays."
+            )
     data = tuple(a for a in (x, y, sample_weight) if a is not None)
     data = data[0] if len(data) == 1 else data
     count = _num_examples(data)
@@ -147,7 +152,7 @@ def make_dataset(
             raise BatchSizeError(
                 f"With drop_remainder=False the last batch has {count % batch} examples. {e}"
             ) from None
-    if not (shuffle is True or shuffle is False or shuffle == "once"):
+    if not (shuffle is True or shuffle is False or (isinstance(shuffle, str) and shuffle == "once")):
         raise ArgumentError(f'shuffle must be False, True or "once"; received {shown(shuffle)}.')
     for name, value in (("drop_remainder", drop_remainder), ("repeat", repeat)):
         if not isinstance(value, bool):

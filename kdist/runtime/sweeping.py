@@ -126,11 +126,11 @@ def sweep(
         if not isinstance(value, bool):
             raise ArgumentTypeError(f"{name} must be True or False; received {shown(value)}.")
     non_negative_int(seed, "seed")
-    if device_memory == "auto":
+    if isinstance(device_memory, str) and device_memory == "auto":
         device_memory = memory_limit((devices or jax.devices())[0])
     elif device_memory is not None:
         device_memory = parse_size(device_memory, "device_memory")
-    if not (estimate in ("planner", None) or callable(estimate)):
+    if not (estimate is None or (isinstance(estimate, str) and estimate == "planner") or callable(estimate)):
         raise ArgumentError(
             'estimate must be "planner", None or a function (model, distribution) -> bytes; '
             f"received {shown(estimate)}."

@@ -24,6 +24,7 @@ CASES = [
     (lambda: kdist.inspect(MODEL, "2x4").select("("), ArgumentError, "Invalid variable regex '('"),
     (lambda: kdist.grid_view(jnp.zeros(3)), ArgumentError, "needs an array with a NamedSharding"),
     (lambda: kdist.grid_view("kernel"), ArgumentError, "needs a jax.Array or a Keras variable", "str"),
+    (lambda: kdist.grid_view(jnp.zeros(3), name=3), ArgumentError, "name must be a title string", "name=3"),
     (
         lambda: kdist.inspect(MODEL, "2x4").grid("mlp/d1/kernel", rows="batch"),
         ArgumentError,

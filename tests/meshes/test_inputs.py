@@ -36,6 +36,8 @@ CASES = [
     (lambda: kdist.ShardedDistribution("2x4"), ArgumentTypeError, "keras.distribution.DeviceMesh", "str"),
     (lambda: ParallelDims("x", (("data", 0),)), SpecError, "positive integers"),
     (lambda: ParallelDims("x", (("tensor", 2),)), SpecError, "'tensor'", "data, fsdp, model, expert"),
+    (lambda: ParallelDims("x", ("data",)), SpecError, "(role, size) pairs", "axes=('data',)"),
+    (lambda: ParallelDims("x", None), SpecError, "(role, size) pairs", "axes=None"),
     (lambda: parse_spec(None), SpecError, "must be a string"),
 ]
 

@@ -81,6 +81,7 @@ CASES = [
     (plan(optimizer={"a": 1}), ArgumentError, "optimizer config {'a': 1} has no 'class_name'", "serialize"),
     (plan(model=[1, 2]), ArgumentTypeError, "list of Keras variables", "received a list holding int 1"),
     (plan(dtype="float7"), ArgumentError, "dtype must be a floating-point dtype", "'float7'"),
+    (plan(dtype="data=8,data=1"), ArgumentError, "dtype must be a floating-point dtype", "'data=8,data=1'"),
     (plan(dtype="mixed_float16"), ArgumentError, "is a Keras dtype policy", "set_dtype_policy('mixed_float16')"),
     (plan(memory_per_device="eighty"), SizeError, "memory_per_device='eighty' is not a size", '"80GB"'),
     (plan(memory_per_device=-5), SizeError, "memory_per_device=-5 must be a positive, finite size"),

@@ -26,6 +26,8 @@ CASES = [
     (lambda: Rule(".*", [], "note"), RuleError, "has no layout"),
     (lambda: Rule(".*", (), 3), RuleError, "note must be a string"),
     (lambda: Rule(".*", (), follows=("kernel", "up")), RuleError, "follows must be", "trailing"),
+    (lambda: Rule(".*", (), follows=3), RuleError, "follows must be", "received 3"),
+    (lambda: Rule(".*", (), follows="kernel"), RuleError, "follows must be", "'kernel'"),
     (lambda: RuleSet("(.*)"), RuleError, "list of Rules", "str"),
     (lambda: RuleSet([42]), RuleError, "a (pattern, layouts) pair", "int 42"),
     (lambda: RuleSet([], name=3), RuleError, "name must be a string"),

@@ -48,6 +48,17 @@ CASES = [
     ),
     (lambda: kdist.make_dataset(X, Y[:10], global_batch_size=8, distribution="dp"), BatchSizeError, "sizes [10, 64]"),
     (lambda: kdist.make_dataset(X, Y, global_batch_size=8, shuffle=1, distribution="dp"), ArgumentError, "shuffle"),
+    (
+        lambda: kdist.make_dataset(X, Y, global_batch_size=8, shuffle=np.ones(2), distribution="dp"),
+        ArgumentError,
+        "shuffle",
+    ),
+    (
+        lambda: kdist.make_dataset(X, [], global_batch_size=8, distribution="dp"),
+        ArgumentTypeError,
+        "y holds no arrays",
+        "y=[]",
+    ),
     (lambda: kdist.make_dataset(X, Y, global_batch_size=8, seed=-3, distribution="dp"), ArgumentError, "seed", "-3"),
     (
         lambda: kdist.make_dataset(X, Y, global_batch_size=8, repeat="yes", distribution="dp"),
@@ -66,6 +77,7 @@ CASES = [
     (lambda: kdist.sweep(mnist_mlp, (X, Y), batch_size=128), ArgumentError, "larger than the 64 samples"),
     (lambda: kdist.sweep(mnist_mlp, (X, Y), device_memory="lots"), kdist.SizeError, "device_memory='lots'"),
     (lambda: kdist.sweep(mnist_mlp, (X, Y), estimate="exact"), ArgumentError, "estimate must be"),
+    (lambda: kdist.sweep(mnist_mlp, (X, Y), estimate=np.ones(2)), ArgumentError, "estimate must be"),
     (lambda: kdist.sweep(mnist_mlp, (X, Y), strict="yes"), ArgumentTypeError, "strict must be True or False"),
     (lambda: kdist.sweep(mnist_mlp, (X, Y), devices=["cpu:99"]), kdist.SpecError, "Unknown device 'cpu:99'"),
 ]
