@@ -36,8 +36,8 @@ def _splits(facts, rows, axes):
         else:
             rep_of = facts.representative_index([v.path for v in facts.traced.variables])
             weight_splits = [per_representative[i] for i in rep_of]
-            splits, twice, before = propagation.split_axes(step, weight_splits, dict(zip(propagation.AXES, key[1:])))
-            whole = np.array(propagation.factors(splits, step.shape, axes, twice))
+            splits, enlarged, before = propagation.split_axes(step, weight_splits, dict(zip(propagation.AXES, key[1:])))
+            whole = np.array(propagation.factors(splits, step.shape, axes, enlarged))
             shares = np.ones(len(step.size))
             kept = [g for g in before if step.dtype[g] not in HALF_FLOATS and whole[g] > 0]
             if kept:

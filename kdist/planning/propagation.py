@@ -87,8 +87,10 @@ PARAMS = {
 
 def split_axes(step, weight_splits, sizes=None):
     """Per buffer of `step`: {axis: dimension} of the model-parallel axes that split it ({} when none); the
-    buffers XLA holds twice -> their axes: a convolution's partial sum that is a split input's gradient; and the
-    buffers a matrix product gathers whole -> the split they have before it.
+    buffers a device holds more of than that -> {axis: how many times, where the axis has several devices}: a
+    convolution's partial sum that is a split input's gradient twice (two layouts), the operand of a zero pad folded
+    into the convolutions that gather it as the padded value (XLA pads, then gathers); and the buffers a matrix
+    product gathers whole -> the split they have before it.
 
     `weight_splits`: per variable index (`step.weight_of`), {axis: dimension}
     of its layout on the candidate mesh; `sizes`: {axis: devices} of that
@@ -107,7 +109,7 @@ def split_axes(step, weight_splits, sizes=None):
     gathered = {}  # buffer -> the axes a matrix product or a convolution gathers it over
     by_products = set()  # those a matrix product gathers
     summed = set()  # a convolution's partial sums: whole until their reduction, whatever reads them
-    scattered = {}  # those of a split input's gradient -> its axes: reduce-scattered from a features-first copy
+    enlarged = {}  # a split input's gradient -> {axis: 2}: reduce-scattered from a features-first copy
     for item in step.agenda:
         if item[0] == "acc":
             # a part may be a view of the sum's shape (a reader took the tensor through a reshape)
@@ -139,7 +141,7 @@ def split_axes(step, weight_splits, sizes=None):
             summed.add(mapping[x])
             primal = mapping.get(p.a[p.ga.index(x)]) if x in p.ga else None
             if primal is not None and splits[primal]:  # XLA gives an input's gradient the input's split
-                scattered[mapping[x]] = set(splits[primal])
+                enlarged[mapping[x]] = {a: 2.0 for a in splits[primal]}
         own = set()  # buffers a value of their own shape split here: a view of another shape (a transpose's) keeps it
         for x, s in env.items():
             g = mapping.get(x)
@@ -149,10 +151,15 @@ def split_axes(step, weight_splits, sizes=None):
             if s and tuple(p.flat.shape[x]) == tuple(step.shape[g]):
                 own.add(g)
         for x, axes in gathered_here.items():
-            if mapping.get(x) is not None:
-                gathered.setdefault(mapping[x], set()).update(axes)
+            g = mapping.get(x, _folded_operand(p, x, mapping))
+            if g is not None:
+                gathered.setdefault(g, set()).update(axes)
                 if x in products_here:
-                    by_products.add(mapping[x])
+                    by_products.add(g)
+    for g, source in step.folded.items():  # the convolutions reading a folded pad gather its operand, padded
+        if g in gathered:
+            gathered.setdefault(source, set()).update(gathered[g])
+            enlarged[source] = {a: step.size[g] / step.size[source] for a in gathered[g]}
     before = {}
     for g, axes in gathered.items():  # read whole by a contraction: XLA keeps the gathered copy
         if not _fixed(step, g):
@@ -161,7 +168,15 @@ def split_axes(step, weight_splits, sizes=None):
             splits[g] = {a: d for a, d in splits[g].items() if a not in axes}
     for g, source in step.derived.items():
         splits[g] = dict(splits[source])
-    return splits, scattered, before
+    return splits, enlarged, before
+
+
+def _folded_operand(p, x, mapping):
+    """The buffer a pad folded into the convolutions that read it (`buffers.zero_pad_dims`) pads, else None."""
+    i = p.producer_index.get(x)
+    if i is None or p.kinds[i] != "alias" or p.flat.eqns[i][0] != "pad":
+        return None
+    return mapping.get(p.flat.eqns[i][1][0])
 
 
 def _run(f, lo, hi, env, given, fixed, sizes):
@@ -216,16 +231,18 @@ def _fixed(step, g):
     return step.term[g] == "external" or g in step.weight_of
 
 
-def factors(splits, shapes, axes, twice=None):
+def factors(splits, shapes, axes, enlarged=None):
     """Per buffer: the share of it one device holds, its split dimensions divided by `axes` (role -> size).
 
     A dimension of n split m ways is padded to a multiple of m: a device holds ceil(n / m) of its n. Where a
     reshape left the split on a dimension of k < m that k divides, the rest of the axis (m / k ways) splits the
     dimension after it (its key `(axis, k)`, `_reshape`).
-    `twice`: buffer -> axes (`split_axes`'s second result); it counts twice where one of them has several devices.
+    `enlarged`: buffer -> {axis: times} (`split_axes`'s second result), applied where that axis has several devices.
     """
-    twice = twice or {}
-    out = [2.0 if any(axes.get(a, 1) > 1 for a in twice.get(g, ())) else 1.0 for g in range(len(splits))]
+    enlarged = enlarged or {}
+    out = [
+        max([t for a, t in enlarged.get(g, {}).items() if axes.get(a, 1) > 1], default=1.0) for g in range(len(splits))
+    ]
     for g, s in enumerate(splits):
         for key, d in s.items():
             n, m = shapes[g][d], _ways(key, axes)

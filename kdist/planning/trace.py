@@ -181,11 +181,15 @@ def _taken_branch(eqn, value):
     return branches[min(max(int(value(eqn.invars[0])), 0), len(branches) - 1)]
 
 
-def flatten(jaxpr, in_ids, flat, scope=""):
-    """Append `jaxpr`'s operations to `flat` (sub-jaxprs inlined); returns the ids of its outputs."""
+def flatten(jaxpr, in_ids, flat, scope="", in_values=()):
+    """Append `jaxpr`'s operations to `flat` (sub-jaxprs inlined); returns the ids of its outputs.
+
+    `in_values`: per input, the scalar it is fixed to at trace time, or None (an inlined call's literal operand).
+    """
     if hasattr(jaxpr, "jaxpr"):  # a ClosedJaxpr
         jaxpr = jaxpr.jaxpr
     env = dict(zip(jaxpr.invars, in_ids))
+    fixed_inputs = {v: x for v, x in zip(jaxpr.invars, in_values) if x is not None}
     for v in jaxpr.constvars:
         env[v] = flat.new(v.aval)
 
@@ -193,7 +197,9 @@ def flatten(jaxpr, in_ids, flat, scope=""):
         return None if isinstance(v, Literal) else env.get(v)
 
     def value(v):
-        return v.val if isinstance(v, Literal) else flat.fixed.get(env.get(v))
+        if isinstance(v, Literal):
+            return v.val
+        return fixed_inputs[v] if v in fixed_inputs else flat.fixed.get(env.get(v))
 
     for eqn in jaxpr.eqns:
         ins = [get(v) for v in eqn.invars]
@@ -204,7 +210,8 @@ def flatten(jaxpr, in_ids, flat, scope=""):
         if branch is not None:  # XLA keeps only the branch a fixed index picks (its conditional simplifier)
             body, ins = branch, ins[1:]
         if body is not None:
-            outs = flatten(body, ins, flat, stack)
+            values = [value(v) for v in eqn.invars][len(eqn.invars) - len(ins) :]
+            outs = flatten(body, ins, flat, stack, values)
             for v, o in zip(eqn.outvars, outs):
                 env[v] = o if o is not None else flat.new(v.aval)
             continue
@@ -218,9 +225,18 @@ def flatten(jaxpr, in_ids, flat, scope=""):
             flat.params.append(loop)
             flat.flops.append(eqn.params.get("length", 0) * sum(loop.body.flops))  # a while loop's count is unknown
         else:
-            flat.params.append(eqn.params.get(PARAMS[eqn.primitive.name]) if eqn.primitive.name in PARAMS else None)
+            flat.params.append(_params(eqn, value))
             flat.flops.append(eqn_flops(eqn))
     return [get(v) for v in jaxpr.outvars]
+
+
+def _params(eqn, value):
+    """What `Flat.params` keeps of `eqn`: the parameter in `propagation.PARAMS`; a pad's padding config and
+    padding value (None when not fixed at trace time), which `buffers` reads; else None."""
+    name = eqn.primitive.name
+    if name == "pad":
+        return eqn.params["padding_config"], value(eqn.invars[1])
+    return eqn.params.get(PARAMS[name]) if name in PARAMS else None
 
 
 @dataclasses.dataclass

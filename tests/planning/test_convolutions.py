@@ -1,5 +1,6 @@
 """What XLA:GPU adds to a convolutional step: a max pool's input is computed again by its gradient unless a ReLU made
-it, and each convolution kernel has a filter-layout copy from its forward to its input gradient."""
+it, and each convolution kernel has a filter-layout copy from its forward to its input gradient; and what it leaves
+out: a zero pad a convolution reads."""
 
 import keras
 
@@ -82,3 +83,51 @@ def test_a_mixed_precision_kernels_cast_is_its_copy(monkeypatch):
         step, _ = _traced(monkeypatch, _convolved)
     copies = [g for g in _kernel_copies(step) if len(step.shape[g]) == 4]  # the Dense kernel's cast aside
     assert len(copies) == 2 and all(step.dtype[g] == "bfloat16" for g in copies)
+
+
+class _PaddedConvolution(keras.layers.Layer):
+    """A layer that pads its input with zeros and convolves it "valid" in one call."""
+
+    def build(self, shape):
+        self.kernel = self.add_weight((3, 3, shape[-1], 16))
+
+    def call(self, x):
+        return keras.ops.conv(keras.ops.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0))), self.kernel)
+
+
+def _padded(pad):
+    """A ReLU's output convolved with a 3 x 3 window over a border of one pixel: the convolution's own ("same"),
+    a ZeroPadding2D's ("layer"), a pad inside the convolution's layer ("call") or a border of ones ("ones")."""
+    images = keras.Input((32, 32, 8))
+    x = keras.layers.ReLU()(keras.layers.Conv2D(16, 3, padding="same")(images))
+    if pad == "same":
+        x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(x)
+    elif pad == "layer":
+        x = keras.layers.Conv2D(16, 3, use_bias=False)(keras.layers.ZeroPadding2D(1)(x))
+    elif pad == "call":
+        x = _PaddedConvolution()(x)
+    else:
+        border = ((0, 0), (1, 1), (1, 1), (0, 0))
+        x = keras.layers.Lambda(lambda t: keras.ops.pad(t, border, constant_values=1.0))(x)
+        x = keras.layers.Conv2D(16, 3, use_bias=False)(x)
+    x = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(x))
+    return keras.Model(images, keras.layers.Dense(10)(x))
+
+
+def test_a_zero_pad_a_convolution_reads_is_its_padding_not_a_buffer(monkeypatch):
+    """XLA's algebraic simplifier folds a zero pad into the window of the convolutions that read it, forward and
+    weight gradient, which then read the unpadded value (`FoldConvInputPad`). Compiled for 8 deviceless H100s the
+    ZeroPadding2D model's data=8 step is the same-padded one's, 6.09 MB, and the border of ones' 6.16 MB. Where the
+    convolution gathers its input over a model axis XLA pads before it gathers: the zero pad costs what the ones do
+    (model=8: 17.42 and 17.37 MB)."""
+    peaks = {}
+    for pad in ("same", "layer", "call", "ones"):
+        plan = kdist.plan(kdist.abstract_model(lambda pad=pad: _padded(pad)), 8, batch_size=64, target="h100")
+        peaks[pad] = {c.spec: c.peak for c in plan.candidates}
+    assert peaks["same"]["data=8"] == peaks["layer"]["data=8"]
+    assert 0 <= peaks["call"]["data=8"] - peaks["same"]["data=8"] <= 4  # the pad's value, a float32 scalar
+    assert peaks["ones"]["data=8"] > peaks["layer"]["data=8"]
+    assert peaks["layer"]["model=8"] == peaks["ones"]["model=8"] > peaks["same"]["model=8"]
+    folded, _ = _traced(monkeypatch, lambda: _padded("layer"))
+    kept, _ = _traced(monkeypatch, lambda: _padded("ones"))
+    assert _activations(folded, (34, 34, 16)) == [] and len(_activations(kept, (34, 34, 16))) == 1

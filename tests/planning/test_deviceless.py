@@ -264,3 +264,18 @@ def test_verify_with_remat_compiles_the_rematerialised_step_for_an_h100():
     )
     assert remat.compiled["peak"] < 0.7 * plain.compiled["peak"]  # 130 MB against 217 MB
     assert remat.band[0] <= remat.compiled["peak"] <= remat.band[1] and 0.9 < remat.ratio < 1.0, remat.compiled
+
+
+@needs_plugin
+def test_a_zero_pad_a_convolution_reads_costs_nothing_in_xlas_step_and_nothing_in_the_estimate():
+    """XLA folds a ZeroPadding2D into the window of the convolution that reads it: on data=8 the step is the
+    same-padded model's, and the estimate is within 1% of it (docs/plan.md, "Which values are buffers")."""
+    from tests.planning.test_convolutions import _padded
+
+    results = {
+        pad: kdist.plan(lambda pad=pad: _padded(pad), 8, batch_size=64, verify=["data=8"], verify_target="H100")
+        for pad in ("same", "layer", "ones")
+    }
+    compiled = {pad: r.candidate("data=8").compiled["peak"] for pad, r in results.items()}
+    assert compiled["layer"] == compiled["same"] < compiled["ones"]
+    assert all(0.99 <= r.candidate("data=8").ratio <= 1.01 for r in results.values())

@@ -312,7 +312,7 @@ def test_a_convolution_gathers_an_input_split_on_the_channels_it_reads_whole():
     # The second convolution's input gradient is a partial sum over its split channels: whole, and reduce-scattered
     # to the split its reader (the ReLU's backward) takes from a copy with the channels leading.
     partial = [g for g in twice if traced.step.shape[g] == (TRACE_BATCH, 8, 8, 16)]
-    assert len(partial) == 1 and splits[partial[0]] == {} and twice[partial[0]] == {"model"}
+    assert len(partial) == 1 and splits[partial[0]] == {} and twice[partial[0]] == {"model": 2.0}
     shares = factors(splits, traced.step.shape, {"model": 4}, twice)
     assert shares[partial[0]] == 2.0 and shares[relu_input] == 0.25
     assert factors(splits, traced.step.shape, {"model": 1}, twice)[partial[0]] == 1.0
