@@ -14,6 +14,7 @@ import math
 
 from kdist.planning import weight_reads
 from kdist.planning.column_reductions import side_outputs
+from kdist.planning.zero_pads import folds_within
 from kdist.units import HALF_FLOATS
 
 # Operations XLA fuses into their readers (loop fusion); their outputs are buffers only when needed.
@@ -141,7 +142,7 @@ def analyse(p, rules):
     for i, (prim, ins, _) in enumerate(f.eqns):
         if prim == "dynamic_update_slice" and _pads(ins, f, producer, external):
             kinds[i] = "elementwise"
-        elif prim == "pad" and _folds_into_convolutions(i, p, consumers):
+        elif prim == "pad" and folds_within(i, p, consumers):
             kinds[i] = "alias"
     always, conditional = set(p.gw), set(p.out) | set(p.ga)
 
@@ -239,45 +240,6 @@ def _normalized_operands(used, f, producer, kinds, roots, reach):
             reduced |= sources
             todo.extend(b for b in sources if reach[b] == {j})
     return reduced & set(used)
-
-
-def zero_pad_dims(f, i):
-    """The dimensions zero pad `i` of program `f` pads, or None where XLA cannot fold it into a convolution.
-
-    XLA's algebraic simplifier folds a zero pad of a convolution's input's
-    spatial dimensions into the convolution's window (`FoldConvInputPad`):
-    the forward convolution and its weight gradient read the unpadded value
-    (a ZeroPadding2D before a "valid" convolution; docs/plan.md, "Which values
-    are buffers"). Not with a padding value other than 0, nor one not fixed
-    at trace time, nor interior or negative padding.
-    """
-    config, value = f.params[i]
-    if value is None or value != 0 or any(lo < 0 or hi < 0 or interior for lo, hi, interior in config):
-        return None
-    return {d for d, (lo, hi, _) in enumerate(config) if lo or hi}
-
-
-def convolved_only(p, x, dims, readers):
-    """Whether value `x` of program `p`, read by equations `readers`, is no output of `p` and is read only as the
-    input of convolutions, `dims` among their spatial dimensions."""
-    f = p.flat
-
-    def convolves(r):
-        prim, ins, _ = f.eqns[r]
-        return (
-            prim == "conv_general_dilated"
-            and ins[0] == x
-            and x not in ins[1:]
-            and dims <= set(f.params[r].lhs_spec[2:])
-        )
-
-    return bool(readers) and x not in set(p.out) and all(map(convolves, readers))
-
-
-def _folds_into_convolutions(i, p, consumers):
-    """Whether pad `i` of program `p` is read only by convolutions within `p`, which take it as padding: a view."""
-    out, dims = p.flat.eqns[i][2][0], zero_pad_dims(p.flat, i)
-    return dims is not None and convolved_only(p, out, dims, consumers[out])
 
 
 def _pads(ins, f, producer, external):

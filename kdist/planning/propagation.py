@@ -52,6 +52,7 @@ says. An operation without a rule here makes whole outputs.
 import math
 
 from kdist.planning.gather_indices import gather_index_splits
+from kdist.planning.zero_pads import folded_operand, gather_padded
 
 AXES = ("model", "expert")
 
@@ -87,9 +88,8 @@ PARAMS = {
 
 def split_axes(step, weight_splits, sizes=None):
     """Per buffer of `step`: {axis: dimension} of the model-parallel axes that split it ({} when none); the
-    buffers a device holds more of than that -> {axis: how many times, where the axis has several devices}: a
-    convolution's partial sum that is a split input's gradient twice (two layouts), the operand of a zero pad folded
-    into the convolutions that gather it as the padded value (XLA pads, then gathers); and the buffers a matrix
+    buffers a device holds more of -> {axis: times}: a convolution's partial sum that is a split input's gradient
+    twice (two layouts), a folded zero pad's gathered operand padded (`zero_pads`); and the buffers a matrix
     product gathers whole -> the split they have before it.
 
     `weight_splits`: per variable index (`step.weight_of`), {axis: dimension}
@@ -151,15 +151,11 @@ def split_axes(step, weight_splits, sizes=None):
             if s and tuple(p.flat.shape[x]) == tuple(step.shape[g]):
                 own.add(g)
         for x, axes in gathered_here.items():
-            g = mapping.get(x, _folded_operand(p, x, mapping))
-            if g is not None:
+            if (g := mapping.get(x, folded_operand(p, x, mapping))) is not None:  # a folded pad: the buffer it pads
                 gathered.setdefault(g, set()).update(axes)
                 if x in products_here:
                     by_products.add(g)
-    for g, source in step.folded.items():  # the convolutions reading a folded pad gather its operand, padded
-        if g in gathered:
-            gathered.setdefault(source, set()).update(gathered[g])
-            enlarged[source] = {a: step.size[g] / step.size[source] for a in gathered[g]}
+    gather_padded(step, gathered, enlarged)
     before = {}
     for g, axes in gathered.items():  # read whole by a contraction: XLA keeps the gathered copy
         if not _fixed(step, g):
@@ -169,14 +165,6 @@ def split_axes(step, weight_splits, sizes=None):
     for g, source in step.derived.items():
         splits[g] = dict(splits[source])
     return splits, enlarged, before
-
-
-def _folded_operand(p, x, mapping):
-    """The buffer a pad folded into the convolutions that read it (`buffers.zero_pad_dims`) pads, else None."""
-    i = p.producer_index.get(x)
-    if i is None or p.kinds[i] != "alias" or p.flat.eqns[i][0] != "pad":
-        return None
-    return mapping.get(p.flat.eqns[i][1][0])
 
 
 def _run(f, lo, hi, env, given, fixed, sizes):
@@ -239,10 +227,8 @@ def factors(splits, shapes, axes, enlarged=None):
     dimension after it (its key `(axis, k)`, `_reshape`).
     `enlarged`: buffer -> {axis: times} (`split_axes`'s second result), applied where that axis has several devices.
     """
-    enlarged = enlarged or {}
-    out = [
-        max([t for a, t in enlarged.get(g, {}).items() if axes.get(a, 1) > 1], default=1.0) for g in range(len(splits))
-    ]
+    more = enlarged or {}
+    out = [max([t for a, t in more.get(g, {}).items() if axes.get(a, 1) > 1], default=1.0) for g in range(len(splits))]
     for g, s in enumerate(splits):
         for key, d in s.items():
             n, m = shapes[g][d], _ways(key, axes)

@@ -14,8 +14,9 @@ XLA's latency-hiding scheduler may reorder (`memory_model.scheduler_lasts`).
 import numpy as np
 
 from kdist.planning import convolutions
-from kdist.planning.buffers import POOL_GRADIENT, convolved_only, fuse_into_readers, is_relu, zero_pad_dims
+from kdist.planning.buffers import POOL_GRADIENT, fuse_into_readers, is_relu
 from kdist.planning.trace import TRACE_BATCH
+from kdist.planning.zero_pads import folded_across
 
 TERMS = ("activations", "loss", "backward", "gradients", "gathered", "unreduced")
 
@@ -133,7 +134,7 @@ class Step:
     def _resolve(self):
         """Decide which layer outputs / input cotangents are buffers; the rest are recomputed by each reader."""
         memo = {}
-        self.folded = self._folded_pads()
+        self.folded = folded_across(self)
         self.forced.update(self.folded.values())
         for g in sorted(self.cond):
             if g in self.folded:
@@ -151,25 +152,6 @@ class Step:
                 needs = not fuse_into_readers(n_read, sum(self.size[r] for r in roots), self.size[g])
             if not needs:
                 self.virtual[g] = tuple(mapping[r] for r in p.roots[lid])
-
-    def _folded_pads(self):
-        """Layer outputs that are zero pads only convolutions read, as their padding -> the buffer they pad.
-
-        A ZeroPadding2D's output read by the next layer's "valid" convolutions
-        (`buffers.zero_pad_dims`): the convolutions read the pad's operand,
-        which must then be a buffer.
-        """
-        folded = {}
-        for g, ((p, mapping), lid, _, _) in self.cond.items():
-            i = p.producer_index.get(lid)
-            if i is None or p.flat.eqns[i][0] != "pad" or p.flat.eqns[i][1][0] not in mapping:
-                continue
-            dims, readers = zero_pad_dims(p.flat, i), self.readers.get(g, [])
-            if dims is None or not readers or any(lid in ins for _, ins, _ in p.flat.eqns):
-                continue
-            if all(convolved_only(q, x, dims, _readers(q, x)) for (q, _), x in readers):
-                folded[g] = mapping[p.flat.eqns[i][1][0]]
-        return folded
 
     def _expand(self, g, memo):
         """The buffers a (possibly fused-away) tensor is computed from."""
@@ -421,8 +403,3 @@ def _squeezed(shape):
 def _made_forward(p, x):
     """Whether local id x is made by the forward part of program p (or is one of its inputs)."""
     return x not in p.producer_index or p.producer_index[x] < p.n_fwd
-
-
-def _readers(p, x):
-    """The equations of program `p` that read its value `x`."""
-    return [r for r, (_, ins, _) in enumerate(p.flat.eqns) if x in ins]
