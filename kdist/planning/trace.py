@@ -232,7 +232,7 @@ def flatten(jaxpr, in_ids, flat, scope="", in_values=()):
 
 def _params(eqn, value):
     """What `Flat.params` keeps of `eqn`: the parameter in `propagation.PARAMS`; a pad's padding config and
-    padding value (None when not fixed at trace time), which `buffers` reads; else None."""
+    padding value (None when not fixed at trace time), which `zero_pads` reads; else None."""
     name = eqn.primitive.name
     if name == "pad":
         return eqn.params["padding_config"], value(eqn.invars[1])

@@ -52,7 +52,7 @@ def folded_across(step):
         if i is None or p.flat.eqns[i][0] != "pad" or p.flat.eqns[i][1][0] not in mapping:
             continue
         dims, readers = zero_pad_dims(p.flat, i), step.readers.get(g, [])
-        if dims is None or not readers or any(lid in ins for _, ins, _ in p.flat.eqns):
+        if dims is None or not readers or _readers(p, lid):  # a layer reading its own pad keeps it
             continue
         if all(convolved_only(q, x, dims, _readers(q, x)) for (q, _), x in readers):
             folded[g] = mapping[p.flat.eqns[i][1][0]]
