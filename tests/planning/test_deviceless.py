@@ -260,10 +260,10 @@ def test_a_soft_capped_masked_attention_is_exact_at_sixteen_examples_and_inside_
     """Gemma 2's soft cap before a causal softmax, two layers of 256 tokens on one deviceless H100. At 16
     examples XLA:GPU's figure is the estimate's (it keeps the tanh's output for the backward, as the estimate
     keeps the scores it recomputes the tanh from). At 4 its fusions differ: the tanh is a kernel of its own, the
-    masked capped scores are kept instead of the probabilities, and their cotangent's products are written in two
-    layouts, two score-sized values more at its peak, which the estimate does not model. XLA's figure is then
-    about 1.28x the estimate: inside the band a plan gets for capped scores, which says why (docs/plan.md,
-    "Eight more families")."""
+    masked capped scores are kept instead of the probabilities, and the backward writes the probabilities'
+    cotangent transposed and its product with the probabilities in two layouts, two score-sized values more at
+    its peak, which the estimate does not model. XLA's figure is then about 1.28x the estimate: inside the band a
+    plan gets for capped scores, which says why (docs/plan.md, "Eight more families")."""
 
     def model():
         x = keras.Input((256, 256))
