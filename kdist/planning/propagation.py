@@ -151,7 +151,7 @@ def split_axes(step, weight_splits, sizes=None):
             if s and tuple(p.flat.shape[x]) == tuple(step.shape[g]):
                 own.add(g)
         for x, axes in gathered_here.items():
-            if (g := mapping.get(x, folded_operand(p, x, mapping))) is not None:  # a folded pad: the buffer it pads
+            if (g := mapping[x] if x in mapping else folded_operand(p, x, mapping)) is not None:  # or a pad's operand
                 gathered.setdefault(g, set()).update(axes)
                 if x in products_here:
                     by_products.add(g)

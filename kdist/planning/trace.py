@@ -159,9 +159,8 @@ def _body(eqn):
     return next((eqn.params[p] for p in _BODY if p in eqn.params), None)
 
 
-def _folded(eqn, value):
-    """The outputs of a scalar operation on fixed scalars (an equality of a static size and 0), else []."""
-    operands = [value(v) for v in eqn.invars]
+def _folded(eqn, operands):
+    """The outputs of a scalar operation on fixed scalars `operands` (an equality of a static size and 0), else []."""
     scalar = eqn.outvars and all(getattr(v.aval, "shape", None) == () for v in eqn.outvars)
     nested = _body(eqn) is not None or eqn.primitive.name in LOOPS or eqn.primitive.name == "cond"
     if not operands or not scalar or nested or eqn.effects or any(x is None for x in operands):
@@ -203,15 +202,15 @@ def flatten(jaxpr, in_ids, flat, scope="", in_values=()):
 
     for eqn in jaxpr.eqns:
         ins = [get(v) for v in eqn.invars]
-        folded = _folded(eqn, value)
+        operands = [value(v) for v in eqn.invars]  # fixed at trace time, or None
+        folded = _folded(eqn, operands)
         body = _body(eqn)
         stack = "/".join(filter(None, (scope, str(eqn.source_info.name_stack))))
         branch = _taken_branch(eqn, value)
         if branch is not None:  # XLA keeps only the branch a fixed index picks (its conditional simplifier)
             body, ins = branch, ins[1:]
         if body is not None:
-            values = [value(v) for v in eqn.invars][len(eqn.invars) - len(ins) :]
-            outs = flatten(body, ins, flat, stack, values)
+            outs = flatten(body, ins, flat, stack, operands[len(operands) - len(ins) :])
             for v, o in zip(eqn.outvars, outs):
                 env[v] = o if o is not None else flat.new(v.aval)
             continue
