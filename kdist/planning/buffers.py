@@ -383,23 +383,27 @@ def _roots(f, status, reach, rules):
 
 
 def _merged_gemms(p, mat, producer, consumers):
-    """Biased forward matrix products one GEMM could make: [(the input they share, their outputs, their biased sums)].
+    """Forward matrix products one GEMM could make: [(the input they share, their outputs, their biased sums)].
 
     XLA's DotMerger merges GEMMs that read the same input with the same
     dimension numbers (an attention's q, k and v projections) into one, whose
     output lives as long as the longest-lived of theirs
-    (xla/service/dot_merger.h). Kept only where each output's one reader adds
-    a bias (a broadcast weight), and where a GEMM reads one of the sums as it
-    is beside another projection (the scores, q·kᵀ, not a rotary embedding's
-    output): `memory_model.merged_gemm_lasts` says why.
+    (xla/service/dot_merger.h). Biased ones are kept only where each output's
+    one reader adds a bias (a broadcast weight), and where a GEMM reads one
+    of the sums as it is beside another projection (the scores, q·kᵀ, not a
+    rotary embedding's output): `memory_model.merged_gemm_lasts` says why.
+    Projections of a weight (or its cast) that no reader adds to are merged
+    too, their outputs standing for their sums (T5's q, k and v).
     """
-    f, groups, projections = p.flat, {}, set()
+    f, groups, projections, unbiased = p.flat, {}, set(), {}
     weights = set(p.w) | set(p.weight_copy)
     gemms = [i for i in range(p.n_fwd) if f.eqns[i][0] == "dot_general"]
     for i in gemms:
         _, ins, outs = f.eqns[i]
         projections.add(outs[0])
         readers = consumers[outs[0]]
+        if mat[outs[0]] and _weight(ins[1], f, producer, weights) and all(f.eqns[r][0] != "add" for r in readers):
+            unbiased.setdefault((ins[0], repr(f.params[i]), f.dtype[outs[0]]), []).append((outs[0], outs[0]))
         if not mat[outs[0]] or len(readers) != 1 or f.eqns[readers[0]][0] != "add":
             continue
         add = f.eqns[readers[0]]
@@ -416,7 +420,15 @@ def _merged_gemms(p, mat, producer, consumers):
         sums = {total for _, total in members}
         if len(members) > 1 and any(pair & sums and len(pair & projections) == 2 for pair in read_together):
             merged.append((key[0], *zip(*members)))
+    merged += [(key[0], *zip(*members)) for key, members in unbiased.items() if len(members) > 1]
     return merged
+
+
+def _weight(x, f, producer, weights):
+    """Whether x is a weight, or a cast of one."""
+    while x not in weights and producer[x] is not None and f.eqns[producer[x]][0] == "convert_element_type":
+        x = f.eqns[producer[x]][1][0]
+    return x in weights
 
 
 def _as_it_is(x, f, producer):

@@ -1,4 +1,4 @@
-"""XLA:GPU's layouts for batched matrix products: a value two products read in different orders is written twice.
+"""XLA:GPU's layouts for batched matrix products: a value read in an order it does not lie in is written again.
 
 cuBLAS reads each operand of a batched matrix product as a (batch, rows,
 columns) array: the batch dimensions outermost, then two runs of
@@ -6,22 +6,34 @@ dimensions, each in its order. XLA:GPU's layout assignment keeps an
 operand's layout when it has that form (either run first) and otherwise
 has it written in (batch, free, contracted) order for a left operand and
 (batch, contracted, free) for a right one
-(`GpuLayoutAssignment::SetDotOperandLayout`). A value an elementwise
-kernel makes and two such products read in different orders is written
-once per order, by that kernel (multi-output fusion). Gemma's grouped
-attention (`einsum("btkgh,bskh->bkgts")`, the groups before the queries)
-is the case met: the gradient of its scores, which the backward's two
-products read in two orders, is two buffers (`xla_buffers_at_peak.json`),
-one more than the estimate counted before (docs/plan.md, "Which values
-are buffers").
+(`GpuLayoutAssignment::SetDotOperandLayout`). Two cases are met:
 
-`copy_operands` writes a program's extra orders as the value's equation
-again, followed by a transpose (a layout, not a kernel: `buffers.ALIASES`),
-placed right after the value's own equation. A value is taken to lie in
-its row-major order (XLA's default layout), seen through transposes. Not
-modelled: products without batch dimensions (MoE experts' weight
-products), for which XLA computed the value again inside each reader's
-kernel (GPT-OSS on data=8), and a forward value read in the backward.
+- A value an elementwise kernel makes and two such products read in
+  different orders is written once per order, by that kernel (multi-output
+  fusion). Gemma's grouped attention (`einsum("btkgh,bskh->bkgts")`, the
+  groups before the queries): the gradient of its scores, which the
+  backward's two products read in two orders, is two buffers
+  (`xla_buffers_at_peak.json`), one more than the estimate counted before.
+- A forward matrix product's output (through reshapes) is written as the
+  GEMM lays it out, so each order a batched product reads it in is a copy,
+  made where the first product reading that order runs: a forward order's
+  copy serves the backward's products that read it in that order, an order
+  only the backward reads is copied there from the product's output, which
+  lives until then. T5's attention (q, k and v projected without a bias,
+  split into heads by a reshape): XLA keeps q's and v's copies for the
+  backward and writes k again there from the merged q/k/v output
+  (`buffers._merged_gemms`), which it keeps (docs/plan.md, "Which values
+  are buffers").
+
+`copy_operands` writes an elementwise value's extra orders as its equation
+again, and a product's as a copy, each followed by a transpose (a layout,
+not a kernel: `buffers.ALIASES`). A value is taken to lie in its row-major
+order (XLA's default layout), seen through transposes. Not modelled:
+products without batch dimensions (MoE experts' weight products), for
+which XLA computed the value again inside each reader's kernel (GPT-OSS on
+data=8), an elementwise value read in the backward, and a backward
+product's output (XLA's compiled steps of biased attentions, ELECTRA's and
+the Llama's, do not show the copies such a rule adds there).
 """
 
 import jax
@@ -30,18 +42,22 @@ from kdist.planning.buffers import ELEMENTWISE
 
 
 def copy_operands(p):
-    """Write each elementwise value of program `p` once more per order in which a batched product reads it.
+    """Write each value of program `p` once more per order in which a batched product reads it.
 
-    The first product that cannot read the value as it lies takes the order
-    XLA writes it in; each other order is the value's equation again and a
-    transpose, right after that equation, read by the products that need it.
-    Only products in the value's part of the step (forward or backward);
-    loop bodies are left as they are. Returns `p`, changed in place (its
+    An elementwise value: the first product that cannot read it as it lies
+    takes the order XLA writes it in; each other order is the value's
+    equation again and a transpose, right after that equation, read by the
+    products of the value's part of the step (forward or backward) that
+    need it. A forward matrix product's output: each order is a copy and a
+    transpose, after the output's equation where a forward product reads
+    that order, else right before the first backward product that does.
+    Loop bodies are left as they are. Returns `p`, changed in place (its
     equations, `n_fwd` and `sublayers`).
     """
     f = p.flat
     producer = {o: i for i, (_, _, outs) in enumerate(f.eqns) for o in outs}
     needs = {}  # source -> [(product, side, view, order)] of the batched products that cannot read it in place
+    made_by_product = {}  # the same, for a forward matrix product's output (through reshapes), from either part
     for i, (prim, ins, _) in enumerate(f.eqns):
         if prim != "dot_general" or len(ins) != 2:
             continue
@@ -50,7 +66,11 @@ def copy_operands(p):
             source, view = _source(ins[side], f, producer)
             orders = _orders(view, contracting[side], batch[side], f.shape[source])
             j = producer.get(source)
-            if orders is None or not batch[side] or j is None or (j < p.n_fwd) != (i < p.n_fwd):
+            if orders is None or not batch[side] or j is None:
+                continue
+            if _kernel(j, f, producer) == "dot_general" and j < p.n_fwd:
+                made_by_product.setdefault(source, []).append((i, side, view, orders[side]))
+            if (j < p.n_fwd) != (i < p.n_fwd):
                 continue
             if f.eqns[j][0] in ELEMENTWISE and len(f.eqns[j][2]) == 1:
                 needs.setdefault(source, []).append((i, side, view, orders[side]))
@@ -69,9 +89,30 @@ def copy_operands(p):
                     after[j].append(("transpose", [again], [c], view))
                 copies[source, view, order] = c
             f.eqns[i][1][side] = copies[source, view, order]
+    for source, readers in made_by_product.items():
+        for order in dict.fromkeys(order for _, _, _, order in readers):
+            reading = [(i, side, view) for i, side, view, o in readers if o == order]
+            place = producer[source] if reading[0][0] < p.n_fwd else reading[0][0] - 1
+            copied = _new_like(f, source)
+            after.setdefault(place, []).append(("copy", [source], [copied], None))
+            views = {}
+            for i, side, view in reading:
+                if view not in views:
+                    views[view] = copied
+                    if view != tuple(range(len(view))):
+                        views[view] = _new_like(f, f.eqns[i][1][side])
+                        after[place].append(("transpose", [copied], [views[view]], view))
+                f.eqns[i][1][side] = views[view]
     if after:
         _insert(p, after)
     return p
+
+
+def _kernel(j, f, producer):
+    """The primitive of the kernel that made equation j's output, seen through reshapes."""
+    while f.eqns[j][0] in ("reshape", "squeeze", "expand_dims") and f.eqns[j][1][0] in producer:
+        j = producer[f.eqns[j][1][0]]
+    return f.eqns[j][0]
 
 
 def _source(x, f, producer):

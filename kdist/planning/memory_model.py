@@ -253,8 +253,9 @@ def merged_gemm_lasts(step, last, factor, axes):
     does that in the forward): the merged output stays alive until the last
     read of the biased sums, beside them but for the one made afresh. So all
     but the smallest of the group's GEMM outputs live that long (docs/plan.md,
-    "Merged q/k/v projections"). One device and other platforms keep the
-    trace's lives.
+    "Merged q/k/v projections"); GEMMs without a bias (whose sums are their
+    outputs) all live until the last read of any of them. One device and
+    other platforms keep the trace's lives.
     """
     if math.prod(axes.values()) == 1 or step.rules.platform != "gpu" or not step.merged:
         return last
@@ -264,7 +265,7 @@ def merged_gemm_lasts(step, last, factor, axes):
         kept = [x for x in sums if x is not None]
         if not kept or ((0.0 if shared is None else sizes[shared]) + sizes[outs]).min() > DOT_MERGER_BYTES:
             continue
-        longer = sorted(outs, key=lambda o: sizes[o])[1:]
+        longer = outs if list(sums) == list(outs) else sorted(outs, key=lambda o: sizes[o])[1:]
         last[longer] = np.maximum(last[longer], last[kept].max())
     return last
 

@@ -149,3 +149,16 @@ def test_biased_projections_are_merged_where_the_scores_read_their_sums_as_they_
     assert _merged_groups() == [3]
     assert _merged_groups(key_bias=False) == [2]  # Whisper's key has no bias; the scores read it as the GEMM made it
     assert _merged_groups(rotate=True) == []
+
+
+def test_projections_without_a_bias_are_merged_their_outputs_standing_for_their_sums():
+    """T5's q, k and v: one GEMM in XLA's step, whose output lives until the last read of any part of it."""
+    tokens, kernel = jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((32, 32), jnp.float32)
+
+    def fn(trainable, diff, const):
+        q, k, v = (diff[0] @ w for w in trainable)
+        return [jax.nn.softmax(q @ k.T, axis=-1) @ v + diff[0] @ const[0]]  # a product of a constant: no projection
+
+    p = buffers.analyse(trace.trace_program(fn, [kernel] * 3, [kernel], [tokens]), buffers.Rules())
+    ((shared, outs, sums),) = p.merged
+    assert len(outs) == 3 and list(sums) == list(outs) and shared == p.flat.eqns[0][1][0]

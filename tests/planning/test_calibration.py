@@ -326,31 +326,31 @@ def test_at_hidden_1024_in_bfloat16_the_held_out_families_are_under_only_on_mode
     assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in rows if not r["in_band"])
 
 
-def test_on_16_devices_at_hidden_1024_in_bfloat16_t5_is_within_5_percent_and_only_model_axes_are_under():
+def test_on_16_devices_at_hidden_1024_in_bfloat16_t5_is_within_10_percent_and_only_model_axes_are_under():
     """Llama 3, Qwen3, T5 and BART at hidden 1024, 4 layers, bfloat16, on every mesh of 16 devices: T5, whose model
-    axes of 4 and 8 are under at hidden 256 and 512 in float32, is within 5% everywhere; the rows more than 5% under
-    have a model axis, and the one above its band's top is Qwen3's fsdp=4,model=4, where XLA keeps every layer's
-    float32 norm products for its delayed reductions (docs/plan.md, Limits, "A norm's scale gradient, waiting")."""
+    axes of 8 are under at hidden 256 and 512 in float32, is within 10% everywhere and nowhere under; the rows more
+    than 5% under have a model axis, and the one above its band's top is Qwen3's fsdp=4,model=4, where XLA keeps
+    every layer's float32 norm products for its delayed reductions (docs/plan.md, Limits, "A norm's scale gradient,
+    waiting")."""
     rows = _rows(FAMILIES_HELD_OUT_16_H1024_BF16)
     assert {r["config"].split()[0] for r in rows} == {"llama3", "qwen3", "t5", "bart"} and len(rows) == 60
-    assert all(0.95 <= r["ratio"] <= 1.05 for r in rows if r["config"].startswith("t5"))
+    assert all(1.0 <= r["ratio"] <= 1.10 for r in rows if r["config"].startswith("t5"))
     under = [r for r in rows if _more_than_5_percent_under(r)]
     assert under and all("model" in r["mesh"] for r in under)
     outside = [(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"]]
     assert outside == [("qwen3", "fsdp=4,model=4")]
 
 
-def test_on_16_devices_at_hidden_512_gemma_3s_fsdp_is_safe_and_only_model_axes_of_8_or_t5s_exceed_the_top():
+def test_on_16_devices_at_hidden_512_gemma_3s_fsdp_is_safe_and_only_model_axes_of_8_exceed_the_top():
     """Gemma 3 and T5 on 16 devices at hidden 512 and 4 layers: Gemma 3's fsdp meshes, above their band's top at
-    hidden 256, are within 5%; T5's model axes of 4 and 8 and Gemma 3's of 8 stay above it (docs/plan.md, "Wider
+    hidden 256, are within 5%; T5's and Gemma 3's batch-split model axes of 8 stay above it (docs/plan.md, "Wider
     and deeper")."""
     rows = _rows(FAMILIES_HELD_OUT_16_H512)
     assert {r["config"].split()[0] for r in rows} == {"gemma3", "t5"} and len(rows) == 30
     batch_split = [r for r in rows if r["config"].startswith("gemma3") and "model" not in r["mesh"]]  # fsdp, data
     assert len(batch_split) == 5 and not any(_more_than_5_percent_under(r) for r in batch_split)
     above = _above_the_band_top(rows)
-    t5 = {("t5", m) for m in ("data=4,model=4", "fsdp=4,model=4", "fsdp=2,model=8", "data=2,model=8")}
-    assert above == t5 | {("gemma3", m) for m in ("fsdp=2,model=8", "data=2,model=8")}
+    assert above == {(f, m) for f in ("t5", "gemma3") for m in ("fsdp=2,model=8", "data=2,model=8")}
 
 
 def test_on_32_devices_two_held_out_families_keep_the_safety_rule_and_their_bands_top():
@@ -366,20 +366,13 @@ def test_on_32_devices_two_held_out_families_keep_the_safety_rule_and_their_band
 def test_on_64_devices_three_held_out_families_stay_in_their_bands():
     """Gemma 3, T5 and BART on every mesh of 64 devices at 256 x 256 tokens, compiled 2026-12-03 (docs/plan.md,
     "Sixty-four devices, held out"): every row under its band's top; more than 5% under only where they are on 8
-    devices (T5's, Gemma 3's batch-split model axes of 4 and 8)."""
+    devices (Gemma 3's batch-split model axes of 4 and 8; T5's of 2 and 4 until its q/k/v copies)."""
     rows = _rows(FAMILIES_HELD_OUT_64)
     assert {r["config"] for r in rows} == {f"{f} h256 2 layers b256 s256" for f in ("gemma3", "t5", "bart")}
     assert len(rows) == 84 and all(math.prod(_axes(r["mesh"]).values()) == 64 for r in rows)
     assert not _above_the_band_top(rows)
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
-    assert under == {
-        ("gemma3", "data=16,model=4"),
-        ("gemma3", "data=8,model=8"),
-        ("t5", "data=16,model=4"),
-        ("t5", "fsdp=16,model=4"),
-        ("t5", "fsdp=32,model=2"),
-        ("t5", "data=32,model=2"),
-    }
+    assert under == {("gemma3", "data=16,model=4"), ("gemma3", "data=8,model=8")}
 
 
 def test_on_6_devices_four_held_out_families_keep_the_safety_rule_and_their_bands_top():
@@ -406,44 +399,41 @@ def test_on_6_devices_at_hidden_384_every_mesh_keeps_the_safety_rule_and_its_ban
 
 def test_on_10_devices_the_twelve_held_out_families_are_in_their_bands_but_albert_as_on_8():
     """The twelve held-out families on 10 devices at 40 x 256 tokens (`--devices 10 --batch 40`): no weight of hidden
-    256 divides by 5, so the valid meshes are data=10, data=5,fsdp=2 and data=5,model=2. One row is more than 5%
-    under (T5's model axis, as on 8), and the one outside its band is over it: ALBERT's data=10, as its data=8 is
-    (docs/plan.md, "Ten devices, held out")."""
+    256 divides by 5, so the valid meshes are data=10, data=5,fsdp=2 and data=5,model=2. No row is more than 5%
+    under (T5's model axis was, as on 8, until its q/k/v copies), and the one outside its band is over it: ALBERT's
+    data=10, as its data=8 is (docs/plan.md, "Ten devices, held out")."""
     rows = _rows(FAMILIES_HELD_OUT_10)
     assert len({r["config"] for r in rows}) == 12 and len(rows) == 36
     assert {r["mesh"] for r in rows} == {"data=10", "data=5,fsdp=2", "data=5,model=2"}
     under = [(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)]
-    assert under == [("t5", "data=5,model=2")] and min(r["ratio"] for r in rows) > 0.94
+    assert not under and min(r["ratio"] for r in rows) > 0.95
     assert [(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"]] == [("albert", "data=10")]
     assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in rows if not r["in_band"])
 
 
-def test_on_10_devices_at_hidden_320_every_mesh_is_in_its_band_and_only_t5_is_under():
+def test_on_10_devices_at_hidden_320_every_mesh_is_in_its_band_and_none_is_under():
     """Four of them at hidden 320 (`--width 320,2`), which 5 and 10 divide: all nine meshes of 10 are planned and
-    compiled, the model axes of 5 and 10 with each head's size split (8 heads). Every row is in its band; the rows
-    more than 5% under are T5's, 0.936 at the least, as its rows on 8 and 16 devices are (docs/plan.md, "Ten
-    devices, held out")."""
+    compiled, the model axes of 5 and 10 with each head's size split (8 heads). Every row is in its band, none more
+    than 5% under (T5's were, down to 0.936, until its q/k/v copies; docs/plan.md, "Ten devices, held out")."""
     rows = _rows(FAMILIES_HELD_OUT_10_H320)
     assert {r["config"] for r in rows} == {
         f"{f} h320 2 layers b40 s256" for f in ("llama3", "xlm_roberta", "gemma3", "t5")
     }
     assert len(rows) == 36 and {"fsdp=10", "data=2,model=5", "model=10"} <= {r["mesh"] for r in rows}
     assert all(r["in_band"] for r in rows)
-    under = [r for r in rows if _more_than_5_percent_under(r)]
-    assert {r["config"].split()[0] for r in under} == {"t5"} and min(r["ratio"] for r in under) > 0.93
+    assert not any(_more_than_5_percent_under(r) for r in rows)
 
 
-def test_on_7_devices_only_t5_is_under_and_the_rows_outside_their_band_are_over_it():
+def test_on_7_devices_none_is_under_and_the_rows_outside_their_band_are_over_it():
     """The twelve held-out families on 7 devices, a prime count, at hidden 448 (`--devices 7 --batch 28 --width
-    448,2`), which 7 divides: data=7, fsdp=7 and model=7 (each head's size split: 8 heads). The rows more than 5%
-    under are T5's fsdp=7 and model=7, inside their bands (its model=7 above its class's top, inside the band of an
-    activation several layers read); the three outside theirs are data-parallel rows over it (ELECTRA, ALBERT and
-    ESM, as on 4 devices; docs/plan.md, "Seven and three devices, held out")."""
+    448,2`), which 7 divides: data=7, fsdp=7 and model=7 (each head's size split: 8 heads). No row is more than 5%
+    under (T5's fsdp=7 and model=7 were until its q/k/v copies); the three outside their bands are data-parallel
+    rows over it (ELECTRA, ALBERT and ESM, as on 4 devices; docs/plan.md, "Seven and three devices, held out")."""
     rows = _rows(FAMILIES_HELD_OUT_7)
     assert len({r["config"] for r in rows}) == 12 and len(rows) == 36
     assert {r["mesh"] for r in rows} == {"data=7", "fsdp=7", "model=7"}
     under = [(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)]
-    assert under == [("t5", "fsdp=7"), ("t5", "model=7")] and min(r["ratio"] for r in rows) > 0.91
+    assert not under and min(r["ratio"] for r in rows) > 0.95
     outside = [r for r in rows if not r["in_band"]]
     assert {(r["config"].split()[0], r["mesh"]) for r in outside} == {
         ("electra", "data=7"),
@@ -451,7 +441,7 @@ def test_on_7_devices_only_t5_is_under_and_the_rows_outside_their_band_are_over_
         ("esm", "data=7"),
     }
     assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in outside)
-    assert not _above_the_band_top([r for r in rows if r["config"].split()[0] != "t5"])
+    assert not _above_the_band_top(rows)
 
 
 def test_on_3_devices_no_held_out_family_is_under_and_those_outside_their_band_are_over_it():
@@ -527,26 +517,25 @@ def test_on_12_devices_at_hidden_384_every_mesh_is_in_its_band_and_t5s_heads_are
     assert {r["config"].split()[0] for r in rows} == {"llama3", "xlm_roberta", "gemma3", "t5"} and len(rows) == 72
     assert {"fsdp=12", "data=4,model=3", "data=2,model=6", "model=12"} <= {r["mesh"] for r in rows}
     assert not _above_the_band_top(rows)
-    under = [r for r in rows if _more_than_5_percent_under(r)]
-    assert {r["config"].split()[0] for r in under} == {"t5"} and all(r["ratio"] > 0.93 for r in under)
+    assert not any(_more_than_5_percent_under(r) for r in rows)  # T5's, down to 0.935, until its q/k/v copies
     t5 = {r["mesh"]: r["ratio"] for r in rows if r["config"].startswith("t5")}
-    assert all(0.95 <= t5[m] <= 1.05 for m in ("data=4,model=3", "data=2,fsdp=2,model=3", "fsdp=4,model=3"))
+    assert all(1.05 <= t5[m] <= 1.11 for m in ("data=4,model=3", "data=2,fsdp=2,model=3", "fsdp=4,model=3"))
     assert all(t5[m] >= 0.95 for m in ("fsdp=2,model=6", "data=2,model=6", "model=12"))
 
 
-def test_on_24_devices_only_t5s_model_8_meshes_with_an_axis_of_3_beside_them_are_above_their_bands_top():
+def test_on_24_devices_only_t5s_data_3_model_8_is_above_its_bands_top():
     """The four families of the 12-device run on every mesh of 24 (`--devices 24 --batch 48 --width 384,2`),
-    compiled after every rule. Only T5's data=3,model=8 and fsdp=3,model=8 are above their band's top, as its
-    model=8 rows on 16 devices are: on data=3,model=8 XLA holds a combined model-axis all-reduce of the cross
-    attention's input gradients, which the estimate does not model (docs/plan.md, "Twenty-four devices, held
-    out")."""
+    compiled after every rule. Only T5's data=3,model=8 is above its band's top (fsdp=3,model=8 too until its
+    q/k/v copies), as its model=8 rows on 16 devices are: there XLA holds a combined model-axis all-reduce of the
+    cross attention's input gradients, which the estimate does not model (docs/plan.md, "Twenty-four devices,
+    held out")."""
     rows = _rows(FAMILIES_HELD_OUT_24_H384)
     assert {r["config"].split()[0] for r in rows} == {"llama3", "xlm_roberta", "gemma3", "t5"} and len(rows) == 120
     assert {"fsdp=24", "data=8,fsdp=3", "fsdp=8,model=3", "data=4,model=6", "data=2,model=12", "model=24"} <= {
         r["mesh"] for r in rows
     }
     above = _above_the_band_top(rows)
-    assert above == {("t5", "data=3,model=8"), ("t5", "fsdp=3,model=8")}
+    assert above == {("t5", "data=3,model=8")}
     under = [r for r in rows if _more_than_5_percent_under(r)]
     assert {r["config"].split()[0] for r in under} == {"t5", "gemma3", "xlm_roberta"}
     assert [r["mesh"] for r in under if r["config"].startswith("xlm_roberta")] == ["data=6,model=4"]  # "Gathered again"
@@ -582,7 +571,7 @@ def test_the_two_backbones_added_last_stay_in_their_bands_in_bfloat16_and_on_16_
 def test_nine_more_backbones_name_the_rows_outside_their_bands():
     """T5Gemma 2, Gemma 3n, PaliGemma, ViTDet, MiT and four CNNs (`--other-backbones`), compiled after every rule: three
     rows more than 5% under (Gemma 3n's model=8, outside its band; MiT's model=8 and the ResNet's data=8, inside theirs,
-    since the zero pads folded into their convolutions); the other 9 rows outside their bands are over, the most
+    since the zero pads folded into their convolutions); the other 10 rows outside their bands are over, the most
     keras-hub's ResNet with basic blocks (16 until "Convolutional steps", 12 until the pads were folded; docs/plan.md,
     "Nine more backbones, held out")."""
     rows = _rows(OTHER_BACKBONES)
@@ -597,7 +586,7 @@ def test_nine_more_backbones_name_the_rows_outside_their_bands():
     cnns = {"vgg", "resnet", "xception", "hgnetv2"}
     assert all(r["band_class"].endswith(" cnns") == (r["config"].split()[0] in cnns) for r in rows)
     outside = [r for r in rows if not r["in_band"]]
-    assert len(outside) == 9 and all(r["ratio"] > 1.10 for r in outside)
+    assert len(outside) == 10 and all(r["ratio"] > 1.10 for r in outside)
     assert max(outside, key=lambda r: r["ratio"])["config"].startswith("resnet basic")
 
 
@@ -691,7 +680,7 @@ def test_at_64_tokens_only_xlm_robertas_model_8_is_above_its_bands_top():
     assert {r["config"].split()[0] for r in rows} == {"llama3", "xlm_roberta", "t5", "bart"} and len(rows) == 40
     assert _above_the_band_top(rows) == {("xlm_roberta", "model=8")}
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
-    assert {family for family, _ in under} == {"t5", "xlm_roberta"} and len(under) == 6
+    assert under == {("xlm_roberta", "model=8")}  # T5's five, 0.936-0.946, until its q/k/v copies (docs/plan.md)
 
 
 def test_two_families_never_compiled_before_stay_under_the_top_of_their_band():
@@ -1062,12 +1051,12 @@ def test_sam3s_rows_are_within_10_percent_and_in_band_on_every_mesh_of_8():
     assert all(0.95 <= r["ratio"] <= 1.1 and r["in_band"] for r in rows), [(r["mesh"], r["ratio"]) for r in rows]
 
 
-def test_inputs_of_different_lengths_are_planned_within_their_bands_but_t5s_fsdp_8():
+def test_inputs_of_different_lengths_are_planned_within_their_bands():
     """`--mixed-lengths`: T5 and BART with 512 source and 128 target tokens, Whisper with 1000 frames and 128 tokens,
     SAM with a point, a box and an empty mask, each input's length given by name. Every row in its band; Whisper within
-    10% on every mesh, BART but on two model-axis meshes (up to 1.121); T5 more than 5% under on fsdp=8 and
-    fsdp=4,model=2 (0.929, 0.948: seven meshes before the decoder's query path was let run beside the encoder's
-    backward); SAM over as ViTDet is (docs/plan.md, "Inputs of different lengths, held out")."""
+    10% on every mesh, BART but on two model-axis meshes (up to 1.121); none more than 5% under (T5's fsdp=8 and
+    fsdp=4,model=2 were, 0.929 and 0.948, until its q/k/v copies); SAM over as ViTDet is (docs/plan.md, "Inputs of
+    different lengths, held out")."""
     rows = _rows(MIXED_LENGTHS)
     assert len(rows) == 40 and {r["config"].split()[0] for r in rows} == {"t5", "bart", "whisper", "sam"}
     assert all(0.95 <= r["ratio"] <= 1.1 for r in rows if r["config"].startswith("whisper"))
@@ -1077,7 +1066,7 @@ def test_inputs_of_different_lengths_are_planned_within_their_bands_but_t5s_fsdp
     )
     assert all(r["ratio"] > 1 for r in rows if r["config"].startswith("sam"))
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
-    assert under == {("t5", "fsdp=8"), ("t5", "fsdp=4,model=2")}
+    assert not under
     assert all(r["in_band"] for r in rows)
 
 

@@ -85,3 +85,38 @@ def test_the_orders_are_added_once_and_keep_the_program_whole():
     buffers.analyse(p, buffers.Rules())
     written = [outs[0] for prim, _, outs in p.flat.eqns[p.n_fwd :] if p.flat.size[outs[0]] == SCORES]
     assert sum(p.mat[x] for x in written) >= 3  # the probabilities' gradient and the scores' in two orders
+
+
+def _projected_attention():
+    """T5's attention: q, k and v made by matrix products without a bias, split into heads by a reshape and read as
+    they are by the scores' and the output's products."""
+
+    def fn(trainable, diff, const):
+        x = diff[0]
+        q, k, v = ((x @ w).reshape(B, T, K, H) for w in trainable)
+        p = jax.nn.softmax(jnp.einsum("bqnd,bknd->bnqk", q, k), axis=-1)
+        return [jnp.einsum("bnqk,bknd->bqnd", p, v)]
+
+    weight = jax.ShapeDtypeStruct((K * H, K * H), jnp.float32)
+    return trace.trace_program(fn, [weight] * 3, [], [jax.ShapeDtypeStruct((B, T, K * H), jnp.float32)])
+
+
+def test_a_products_output_is_copied_once_per_order_the_batched_products_read_it_in():
+    """A GEMM writes its output in its own order: the batched products reading q, k and v by heads read copies.
+    q's and v's copies serve the backward's products too; k is read in another order there, copied there again
+    from the projection's output, which the backward reads for it."""
+    p = layouts.copy_operands(_projected_attention())
+    f = p.flat
+    copies = [(i, ins[0], outs[0]) for i, (prim, ins, outs) in enumerate(f.eqns) if prim == "copy"]
+    by_heads = [outs[0] for prim, _, outs in f.eqns[: p.n_fwd] if prim == "reshape"][:3]  # q, k and v
+    assert [value for i, value, _ in copies if i < p.n_fwd] == by_heads
+    q, k, v = (copy for i, _, copy in copies if i < p.n_fwd)
+    batched = [(i, ins) for i, (prim, ins, _) in enumerate(f.eqns) if prim == "dot_general" and f.params[i][1][0]]
+
+    def read_in_forward(x):
+        return [i < p.n_fwd for i, ins in batched if x in ins]
+
+    assert read_in_forward(q) == read_in_forward(v) == [True, False] and read_in_forward(k) == [True]
+    ((i, value, again),) = [c for c in copies if c[0] >= p.n_fwd]
+    assert value == by_heads[1] and read_in_forward(again) == [False]
+    assert not any(x in by_heads for _, ins in batched for x in ins)  # no product reads a GEMM's output by heads

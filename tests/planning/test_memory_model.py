@@ -247,6 +247,15 @@ def test_merged_biased_gemms_keep_their_outputs_until_the_last_read_of_their_sum
     assert list(memory_model.merged_gemm_lasts(step, None, 1.0, {"data": 2})) == [0, 1, 2, 3, 4, 5, 5]
 
 
+def test_merged_gemms_without_a_bias_all_live_until_the_last_read_of_any_of_them():
+    step = _merged_step()
+    x, q, k, v = range(4)
+    step.events = [([q, k, v], (x,), ()), ([], (q,), ()), ([], (v,), ()), ([], (k,), ())]
+    step.merged = [(x, [q, k, v], [q, k, v])]
+    assert list(step.lifetimes()[1][:4]) == [0, 1, 3, 2]
+    assert list(memory_model.merged_gemm_lasts(step, None, 1.0, {"data": 2})[:4]) == [0, 3, 3, 3]
+
+
 def test_an_attentions_biased_q_k_v_are_merged_on_several_gpus(monkeypatch):
     model = kdist.abstract_model(tiny_transformer)
     plan = lambda devices: kdist.plan(model, devices, batch_size=16).candidates[0]  # noqa: E731
