@@ -393,7 +393,9 @@ def _merged_gemms(p, mat, producer, consumers):
     of the sums as it is beside another projection (the scores, q·kᵀ, not a
     rotary embedding's output): `memory_model.merged_gemm_lasts` says why.
     Projections of a weight (or its cast) that no reader adds to are merged
-    too, their outputs standing for their sums (T5's q, k and v).
+    too where their outputs have one shape, the outputs standing for their
+    sums (T5's q, k and v; PaliGemma's compiled step keeps none of its
+    grouped-query projections' outputs, q's wider than k's and v's).
     """
     f, groups, projections, unbiased = p.flat, {}, set(), {}
     weights = set(p.w) | set(p.weight_copy)
@@ -403,7 +405,8 @@ def _merged_gemms(p, mat, producer, consumers):
         projections.add(outs[0])
         readers = consumers[outs[0]]
         if mat[outs[0]] and _weight(ins[1], f, producer, weights) and all(f.eqns[r][0] != "add" for r in readers):
-            unbiased.setdefault((ins[0], repr(f.params[i]), f.dtype[outs[0]]), []).append((outs[0], outs[0]))
+            key = (ins[0], repr(f.params[i]), f.dtype[outs[0]], tuple(f.shape[outs[0]]))
+            unbiased.setdefault(key, []).append((outs[0], outs[0]))
         if not mat[outs[0]] or len(readers) != 1 or f.eqns[readers[0]][0] != "add":
             continue
         add = f.eqns[readers[0]]

@@ -151,14 +151,24 @@ def test_biased_projections_are_merged_where_the_scores_read_their_sums_as_they_
     assert _merged_groups(rotate=True) == []
 
 
-def test_projections_without_a_bias_are_merged_their_outputs_standing_for_their_sums():
-    """T5's q, k and v: one GEMM in XLA's step, whose output lives until the last read of any part of it."""
-    tokens, kernel = jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((32, 32), jnp.float32)
+def _unbiased_groups(key_width):
+    """The merged GEMM groups of one attention over 64 tokens of width 32 whose projections add no bias."""
+    tokens = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+    kernels = [jax.ShapeDtypeStruct((32, width), jnp.float32) for width in (32, key_width, key_width)]
 
     def fn(trainable, diff, const):
         q, k, v = (diff[0] @ w for w in trainable)
+        k, v = (jnp.tile(x, (1, 32 // key_width)) for x in (k, v))  # grouped-query attention: k and v repeated
         return [jax.nn.softmax(q @ k.T, axis=-1) @ v + diff[0] @ const[0]]  # a product of a constant: no projection
 
-    p = buffers.analyse(trace.trace_program(fn, [kernel] * 3, [kernel], [tokens]), buffers.Rules())
-    ((shared, outs, sums),) = p.merged
-    assert len(outs) == 3 and list(sums) == list(outs) and shared == p.flat.eqns[0][1][0]
+    p = buffers.analyse(trace.trace_program(fn, kernels, [kernels[0]], [tokens]), buffers.Rules())
+    return [(shared, list(outs), list(sums)) for shared, outs, sums in p.merged], p.flat.eqns[0][1][0]
+
+
+def test_projections_without_a_bias_are_merged_where_their_outputs_have_one_shape():
+    """T5's q, k and v: one GEMM in XLA's step, whose output lives until the last read of any part of it. A
+    grouped-query attention's narrower k and v are left apart from q (PaliGemma's step keeps none of them)."""
+    ((shared, outs, sums),), tokens = _unbiased_groups(32)
+    assert len(outs) == 3 and sums == outs and shared == tokens
+    ((shared, outs, sums),), tokens = _unbiased_groups(8)
+    assert len(outs) == 2 and sums == outs and shared == tokens  # k and v, of one shape

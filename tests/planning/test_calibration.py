@@ -571,7 +571,7 @@ def test_the_two_backbones_added_last_stay_in_their_bands_in_bfloat16_and_on_16_
 def test_nine_more_backbones_name_the_rows_outside_their_bands():
     """T5Gemma 2, Gemma 3n, PaliGemma, ViTDet, MiT and four CNNs (`--other-backbones`), compiled after every rule: three
     rows more than 5% under (Gemma 3n's model=8, outside its band; MiT's model=8 and the ResNet's data=8, inside theirs,
-    since the zero pads folded into their convolutions); the other 10 rows outside their bands are over, the most
+    since the zero pads folded into their convolutions); the other 9 rows outside their bands are over, the most
     keras-hub's ResNet with basic blocks (16 until "Convolutional steps", 12 until the pads were folded; docs/plan.md,
     "Nine more backbones, held out")."""
     rows = _rows(OTHER_BACKBONES)
@@ -586,7 +586,7 @@ def test_nine_more_backbones_name_the_rows_outside_their_bands():
     cnns = {"vgg", "resnet", "xception", "hgnetv2"}
     assert all(r["band_class"].endswith(" cnns") == (r["config"].split()[0] in cnns) for r in rows)
     outside = [r for r in rows if not r["in_band"]]
-    assert len(outside) == 10 and all(r["ratio"] > 1.10 for r in outside)
+    assert len(outside) == 9 and all(r["ratio"] > 1.10 for r in outside)
     assert max(outside, key=lambda r: r["ratio"])["config"].startswith("resnet basic")
 
 
