@@ -392,9 +392,9 @@ def _merged_gemms(p, mat, producer, consumers):
     one reader adds a bias (a broadcast weight), and where a GEMM reads one
     of the sums as it is beside another projection (the scores, q·kᵀ, not a
     rotary embedding's output): `memory_model.merged_gemm_lasts` says why.
-    Projections of a weight (or its cast) that no reader adds to are merged
-    too where their outputs have one shape, the outputs standing for their
-    sums (T5's q, k and v; PaliGemma's compiled step keeps none of its
+    Projections of a weight (or its cast: `p.weight_copy`) that no reader
+    adds to are merged too where their outputs have one shape, the outputs
+    standing for their sums (T5's q, k and v; PaliGemma's compiled step keeps none of its
     grouped-query projections' outputs, q's wider than k's and v's).
     """
     f, groups, projections, unbiased = p.flat, {}, set(), {}
@@ -404,7 +404,7 @@ def _merged_gemms(p, mat, producer, consumers):
         _, ins, outs = f.eqns[i]
         projections.add(outs[0])
         readers = consumers[outs[0]]
-        if mat[outs[0]] and _weight(ins[1], f, producer, weights) and all(f.eqns[r][0] != "add" for r in readers):
+        if mat[outs[0]] and ins[1] in weights and all(f.eqns[r][0] != "add" for r in readers):
             key = (ins[0], repr(f.params[i]), f.dtype[outs[0]], tuple(f.shape[outs[0]]))
             unbiased.setdefault(key, []).append((outs[0], outs[0]))
         if not mat[outs[0]] or len(readers) != 1 or f.eqns[readers[0]][0] != "add":
@@ -425,13 +425,6 @@ def _merged_gemms(p, mat, producer, consumers):
             merged.append((key[0], *zip(*members)))
     merged += [(key[0], *zip(*members)) for key, members in unbiased.items() if len(members) > 1]
     return merged
-
-
-def _weight(x, f, producer, weights):
-    """Whether x is a weight, or a cast of one."""
-    while x not in weights and producer[x] is not None and f.eqns[producer[x]][0] == "convert_element_type":
-        x = f.eqns[producer[x]][1][0]
-    return x in weights
 
 
 def _as_it_is(x, f, producer):
