@@ -158,7 +158,7 @@ class Step:
         if g not in self.virtual:
             return (g,)
         if g not in memo:
-            memo[g] = tuple({r for root in self.virtual[g] for r in (self._expand(root, memo) if root != g else (g,))})
+            memo[g] = _once(r for root in self.virtual[g] for r in (self._expand(root, memo) if root != g else (g,)))
         return memo[g]
 
     def emit(self, remat, gather_itemsize):
@@ -191,7 +191,7 @@ class Step:
                         )
                     made += [mapping[("side", v)] for v, reduction, _, _ in p.side_outputs if reduction == i]
                     if made or p.kinds[i] == "kernel":
-                        read = tuple({r for x in used for r in self._expand(mapping[x], memo)}) + pooled
+                        read = _once(r for x in used for r in self._expand(mapping[x], memo)) + pooled
                         read += tuple(mapping[("side", v)] for v, _, last, _ in p.side_outputs if last == i)
                         if p.flat.eqns[i][0] == "fft":
                             whole = self._fft_copies((*made, *read))
@@ -208,7 +208,7 @@ class Step:
                         if backward:  # a layer call's (trace_layer names every equation's sublayer)
                             self._extend_span(len(self.events) - 1, (id(mapping), p.sublayers[i]))
             elif item[0] == "acc":
-                read = tuple({r for x in item[2] for r in self._expand(x, memo)})
+                read = _once(r for x in item[2] for r in self._expand(x, memo))
                 self.events.append(([item[1]], read, read))
                 self._event_info()
             else:  # "opt": the optimizer update reads the gradient
@@ -398,6 +398,12 @@ class Step:
 
 def _squeezed(shape):
     return tuple(d for d in shape if d != 1)
+
+
+def _once(buffers):
+    """`buffers` without repeats, in the order they come: the operands' order, which decides which of them an
+    elementwise kernel writes over (`Step.lifetimes`), does not hang on how a set orders buffer numbers."""
+    return tuple(dict.fromkeys(buffers))
 
 
 def _made_forward(p, x):
