@@ -13,6 +13,7 @@ import dataclasses
 import math
 
 from kdist.planning import weight_reads
+from kdist.planning.batched_gathers import constant_values, index_scales
 from kdist.planning.column_reductions import side_outputs
 from kdist.planning.zero_pads import folds_within
 from kdist.units import HALF_FLOATS
@@ -127,7 +128,7 @@ def analyse(p, rules):
     weight: mixed precision's casts, gradients), `lookups` (weights and
     casts only an embedding lookup reads), `merged` (forward GEMMs XLA merges),
     `side_outputs` (values a small column reduction writes out, `column_reductions`),
-    `zero_grads`, `kinds`, `producer_index`.
+    `zero_grads`, `kinds`, `producer_index`, `constants` and `index_scales` (`batched_gathers`).
     """
     f = p.flat
     n = len(f.size)
@@ -214,6 +215,7 @@ def analyse(p, rules):
     p.side_outputs = side_outputs(p, producer, kinds, status, reach) if rules.platform == "gpu" else []
     p.merged = _merged_gemms(p, mat, producer, consumers)
     p.producer_index = {x: i for x, i in enumerate(producer) if i is not None}
+    p.constants, p.index_scales = constant_values(f, producer, external), index_scales(f, roots)
     return p
 
 

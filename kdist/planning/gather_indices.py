@@ -1,4 +1,4 @@
-"""Which dimension of a traced value counts 0, 1, 2, ... along it: a gather's index XLA partitions by.
+"""A gather's splits: its output's, and its indices' where XLA partitions the gather along a dimension.
 
 XLA's SPMD partitioner splits a gather along an operand dimension whose
 start index is an iota over a dimension of the indices (a parallel
@@ -11,6 +11,22 @@ jax's wrap of negative indices: `select_n(i < 0, i, i + n)`) to an `iota`.
 """
 
 _KEEPS = frozenset(("convert_element_type", "add", "sub", "select_n"))
+_VIEWS = frozenset(("reshape", "squeeze", "expand_dims"))  # those adding or dropping dimensions of one: `_moved`
+
+
+def gather_output_split(dimension_numbers, operand, shape, rank):
+    """A gather's output split (of `rank` dimensions) from its `operand`'s (of `shape`): a table's split survives
+    a lookup on its other dimensions (a position table's hidden size), and a batching dimension's (jax's
+    `take_along_axis`: each device reads its own heads) splits the output's dimension of the indices' batching
+    dimension it pairs with (XLA partitions the gather along it)."""
+    batching = list(getattr(dimension_numbers, "operand_batching_dims", ()))
+    kept = [d for d in range(len(shape)) if d not in dimension_numbers.collapsed_slice_dims and d not in batching]
+    out = {a: dimension_numbers.offset_dims[kept.index(d)] for a, d in operand.items() if d in kept}
+    of_indices = [p for p in range(rank) if p not in dimension_numbers.offset_dims]  # the indices' dimensions
+    for a, d in operand.items():
+        if d in batching:
+            out[a] = of_indices[dimension_numbers.start_indices_batching_dims[batching.index(d)]]
+    return out
 
 
 def gather_index_splits(f, dimension_numbers, operand, operand_split, indices):
@@ -18,14 +34,33 @@ def gather_index_splits(f, dimension_numbers, operand, operand_split, indices):
     iota over one of theirs, of its length, for its start index."""
     producers = {o: i for i, (_, _, outs) in enumerate(f.eqns) for o in outs}
     starts = list(dimension_numbers.start_index_map)
+    batching = list(getattr(dimension_numbers, "operand_batching_dims", ()))
     out = {}
     for axis, d in operand_split.items():
+        if d in batching:  # an explicit batching dimension: the indices' paired one, split alike
+            out[axis] = dimension_numbers.start_indices_batching_dims[batching.index(d)]
+            continue
         if d not in starts:
             continue
         component = _component(f, producers, indices, starts.index(d))
         j = None if component is None else iota_dim(f, producers, component)
         if j is not None and j < len(f.shape[indices]) - 1 and f.shape[indices][j] == f.shape[operand][d]:
             out[axis] = j
+    return out
+
+
+def index_views(f, i, indices, split):
+    """[(value, split)]: what gather `i`'s `indices` (of flat program `f`, split as `split` says) are a view of,
+    back to a value another operation made (jax's `take_along_axis` adds a dimension of one to its index)."""
+    producers = {o: k for k, (_, _, outs) in enumerate(f.eqns[:i]) for o in outs}
+    out, x = [], indices
+    while (k := producers.get(x)) is not None and f.eqns[k][0] in _VIEWS and len(f.eqns[k][1]) == 1:
+        source = f.eqns[k][1][0]
+        split = {a: _moved(f.shape[x], f.shape[source], d) for a, d in split.items()}
+        if None in split.values():
+            break
+        out.append((source, split))
+        x = source
     return out
 
 

@@ -19,8 +19,9 @@ carries each split dimension through the operations that read it.
   (the right operand's) wins;
 - back from readers: a value an elementwise operation combines with a split
   one of the same shape is split too (a dropout's random bits and mask), and
-  a gather's indices where the operand's split dimension is indexed by an
-  iota over one of theirs (`gather_indices`);
+  a gather's indices, back through reshapes, where the operand's split
+  dimension is indexed by an iota over one of theirs or is a batching
+  dimension (`take_along_axis`'s heads: `gather_indices`);
 - a loop (scan, while) through its body: its state takes the splits the body
   gives it, and so does its initial value (`_loop`);
 - a buffer a matrix product contracts on a split dimension the other operand
@@ -51,7 +52,7 @@ says. An operation without a rule here makes whole outputs.
 
 import math
 
-from kdist.planning.gather_indices import gather_index_splits
+from kdist.planning.gather_indices import gather_index_splits, gather_output_split, index_views
 from kdist.planning.zero_pads import folded_operand, gather_padded
 
 AXES = ("model", "expert")
@@ -202,6 +203,7 @@ def _run(f, lo, hi, env, given, fixed, sizes):
                     env[x] = env[outs[0]]
         elif name == "gather" and env[ins[0]] and not env[ins[1]] and ins[1] not in fixed:  # an iota's index
             env[ins[1]] = gather_index_splits(f, f.params[i], ins[0], env[ins[0]], ins[1])
+            env.update((y, s) for y, s in index_views(f, i, ins[1], env[ins[1]]) if not env[y] and y not in fixed)
         elif name in LOOPS:  # a loop's initial state takes the state's split
             for x, out in _carried(f.params[i], ins, outs):
                 if not env[x] and x not in fixed:
@@ -280,7 +282,7 @@ def _rule(name, params, operands, in_shapes, out_shapes, sizes=None):
     if name == "unstack":  # dimension `params` taken apart
         return [{a: d - (d > params) for a, d in operands[0].items() if d != params} for _ in out_shapes]
     if name == "gather":
-        return [_gather(params, operands[0], in_shapes[0])]
+        return [gather_output_split(params, operands[0], in_shapes[0], len(out_shapes[0]))]
     if name == "conv_general_dilated":
         return [_conv(params, operands)]
     if name in LOOPS:
@@ -426,17 +428,6 @@ def _slice(split, shape, new_shape, sizes=None):
         if isinstance(key, str) and before is not None and before not in out.values():
             out[(key, "of", new_shape[before])] = before
     return out
-
-
-def _gather(dimension_numbers, operand, shape):
-    """A table's split survives a lookup on its other dimensions (a position table's hidden size)."""
-    kept = [
-        d
-        for d in range(len(shape))
-        if d not in dimension_numbers.collapsed_slice_dims
-        and d not in getattr(dimension_numbers, "operand_batching_dims", ())
-    ]
-    return {a: dimension_numbers.offset_dims[kept.index(d)] for a, d in operand.items() if d in kept}
 
 
 def _conv(dimension_numbers, operands):

@@ -41,6 +41,9 @@ class Step:
         self.looked_up = {}  # weight (or cast) -> whether every call reading it only looks rows up: no FSDP gather
         self.merged = []  # (shared input, outputs, biased sums) of a call's GEMMs XLA may merge: `Program.merged`
         self.derived = {}  # buffer -> the buffer whose model-axis split it takes (`convolutions.max_pool_gradient`)
+        # (program, local id) -> the buffer every call of it shares, computed from constants alone: the first
+        # kernel making it makes it (`batched_gathers`)
+        self.shared = {}
         # buffer -> (early, event): an early buffer exists only where a collective runs in the backward before
         # `event` for it to overlap, a late one only where none does (`convolutions.max_pool_gradient`)
         self.overlapped = {}
@@ -87,7 +90,13 @@ class Step:
                 t = term
             else:
                 t = "activations" if _made_forward(p, x) else "backward"
-            mapping[x] = self.new(f.size[x], f.shape[x], t, f.dtype[x])
+            shared = x in p.constants and t == "activations"  # a forward value computed alike by every call
+            if shared and (id(p), x) in self.shared:
+                mapping[x] = self.shared[id(p), x]
+                continue
+            mapping[x] = self.new(f.size[x] * p.index_scales.get(x, 1), f.shape[x], t, f.dtype[x])
+            if shared:
+                self.shared[id(p), x] = mapping[x]
         for v, _, _, rows in p.side_outputs:  # written out on meshes where its reduction is one kernel
             g = mapping[("side", v)] = self.new(f.size[v], f.shape[v], "activations", f.dtype[v])
             self.column_rows[g] = rows
@@ -172,6 +181,7 @@ class Step:
         self.conv_kernels = {}
         self.sublayer_spans = []
         forward_start = {}  # per call (its mapping): the first event of its forward run
+        shared, shared_made = set(self.shared.values()), set()
         for item in self.agenda:
             if item[0] == "loss_start":
                 self.bwd_start = len(self.events) if self.bwd_start is None else self.bwd_start
@@ -183,6 +193,8 @@ class Step:
                     if not lo <= i < hi:
                         continue
                     made = [mapping[o] for o in made] + [mapping[o] for o in maybe if mapping[o] not in self.virtual]
+                    made = [g for g in made if g not in shared_made]
+                    shared_made.update(g for g in made if g in shared)
                     pooled = zeros = ()
                     if backward and p.flat.eqns[i][0] == POOL_GRADIENT:
                         cotangent, operand = p.flat.eqns[i][1][:2]

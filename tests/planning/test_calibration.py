@@ -284,13 +284,15 @@ def test_on_4_devices_the_held_out_families_never_exceed_the_top_of_their_band()
 
 def test_in_bfloat16_throughout_the_held_out_families_stay_under_the_top_of_the_16_bit_band():
     """Four held-out families with dtype="bfloat16" (`--dtype bfloat16`): XLA's figure is under the 16-bit band's top
-    on every mesh, and the only rows more than 5% under are DeBERTa-v3's without a model axis (its batched gathers'
-    expanded, shared index buffers, docs/plan.md "bfloat16 throughout")."""
+    on every mesh, and none is more than 5% under since DeBERTa-v3's batched gathers' explicit index buffers, one for
+    both layers, are counted: its data and fsdp rows were 0.882-0.910 (docs/plan.md, "Batched gathers and values
+    every layer computes alike")."""
     rows = _rows(FAMILIES_HELD_OUT_BFLOAT16)
     assert len({r["config"] for r in rows}) == 4 and len(rows) == 40
     assert all(r["xla_gpu_deviceless"] <= r["estimate"] * MIXED_PRECISION_HIGH for r in rows)
-    under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
-    assert under and all(family == "deberta_v3" and "model" not in mesh for family, mesh in under), under
+    assert not [(r["config"], r["mesh"]) for r in rows if _more_than_5_percent_under(r)]
+    deberta = [r for r in rows if r["config"].startswith("deberta_v3") and "model" not in r["mesh"]]
+    assert len(deberta) == 4 and all(r["ratio"] > 1.0 for r in deberta)
 
 
 def test_at_1024_tokens_the_held_out_families_never_exceed_the_top_of_their_band():
