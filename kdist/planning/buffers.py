@@ -14,7 +14,7 @@ import math
 
 from kdist.planning import weight_reads
 from kdist.planning.batched_gathers import constant_values, index_scales
-from kdist.planning.column_reductions import side_outputs
+from kdist.planning.column_reductions import side_outputs, widened_products
 from kdist.planning.zero_pads import folds_within
 from kdist.units import HALF_FLOATS
 
@@ -127,7 +127,8 @@ def analyse(p, rules):
     `in_readers` (per input), `weight_copy` (buffers that are copies of one
     weight: mixed precision's casts, gradients), `lookups` (weights and
     casts only an embedding lookup reads), `merged` (forward GEMMs XLA merges),
-    `side_outputs` (values a small column reduction writes out, `column_reductions`),
+    `side_outputs` (values a small column reduction writes out, `column_reductions`), `widened` (float32
+    products a 16-bit norm's scale gradient sums late, `column_reductions.widened_products`),
     `zero_grads`, `kinds`, `producer_index`, `constants` and `index_scales` (`batched_gathers`).
     """
     f = p.flat
@@ -161,6 +162,9 @@ def analyse(p, rules):
               for x in range(n)]  # fmt: skip
     if rules.broadcast_into_gemm:
         _keep_broadcast_sources(f, producer, kinds, readers_of, status)
+    p.widened = widened_products(p, producer, kinds, status) if rules.platform == "gpu" else []
+    for x, _ in p.widened:
+        status[x] = "mat"
     reach = _kernels_reached(f, kinds, consumers, status)
     roots, costly = _roots(f, status, reach, rules)
     mat = [s in ("mat", "ext") for s in status]

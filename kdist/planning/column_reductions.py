@@ -16,7 +16,10 @@ reduces depends on its batch shard, so the plan of each mesh decides
 
 import math
 
+from kdist.units import HALF_FLOATS
+
 RACE_FREE_COLUMNS = 32 * 128
+_WIDENINGS = {(half, "float32") for half in HALF_FLOATS}
 # Seen in XLA:GPU's dumps, not sourced: MobileNetV3's centred inputs of 128 rows (4 x 4 maps, 8 images a device) are
 # not written out, those of 512 rows and more are (docs/plan.md, "Convolutional steps").
 FEWEST_ROWS = 512
@@ -61,3 +64,57 @@ def _fused_chain(x, f, producer, kinds, status):
         if kinds[producer[v]] in ("elementwise", "alias"):
             todo.extend(f.eqns[producer[v]][1])
     return out
+
+
+def widened_products(p, producer, kinds, status):
+    """[(value, rows per example)]: fused float32 values of program `p`'s backward that a weight gradient's column
+    reduction sums, products computed through a cast up from 16 bits (a 16-bit norm's scale gradient,
+    sum(cotangent x normalised input); not an offset's, which sums a cast alone).
+
+    Where a device sums at most `RACE_FREE_COLUMNS` rows the column reduction
+    is a kernel of its own, and XLA:GPU writes the product out as a second
+    output of the fusion that makes the norm's input gradient, to be summed
+    later with the weight gradients' reductions (Qwen3 in bfloat16: 1024 rows
+    on data=8, 4096 on fsdp=2,model=4, an f32[b,s,h] per norm alive until the
+    reduction). Where the tree-reduction rewriter splits it (8192 rows on
+    model=8), its first half is fused into that fusion, and nothing is
+    written. In float32 XLA keeps the forward's normalised input instead,
+    which the estimate counts already. Which meshes write it is decided per
+    mesh, as for the side outputs above (`Step.column_rows`; docs/plan.md,
+    "Which values are buffers").
+    """
+    f, found = p.flat, []
+    gradient_sources = _gradient_sources(p, producer)
+    for i in range(p.n_fwd, len(f.eqns)):
+        prim, ins, outs = f.eqns[i]
+        if prim != "reduce_sum" or not ins or outs[0] not in gradient_sources:
+            continue
+        x, axes = ins[0], tuple(f.params[i] or ())
+        if not axes or axes != tuple(range(len(axes))) or len(axes) >= len(f.shape[x]):
+            continue
+        if status[x] != "virt" or f.dtype[x] != "float32" or f.eqns[producer[x]][0] != "mul":
+            continue  # a cast alone (an offset's gradient: the cotangent summed) is read in place
+        chain = _fused_chain(x, f, producer, kinds, status)
+        if any(_cast_up(f.eqns[producer[v]], f) for v in chain):
+            found.append((x, math.prod(f.shape[x][1 : len(axes)])))
+    return found
+
+
+def _gradient_sources(p, producer):
+    """Values each weight gradient of `p` is, through casts and what keeps its elements (a reshape, a sum over
+    dimensions of one): a 16-bit weight's gradient is a cast of a float32 sum."""
+    f, out = p.flat, set()
+    for g in p.gw:
+        while g is not None and g not in out:
+            out.add(g)
+            i = producer[g]
+            if i is None or len(f.eqns[i][1]) != 1 or math.prod(f.shape[f.eqns[i][1][0]]) != math.prod(f.shape[g]):
+                break
+            g = f.eqns[i][1][0]
+    return out
+
+
+def _cast_up(eqn, f):
+    """Whether equation `eqn` casts a 16-bit value to float32."""
+    prim, ins, outs = eqn
+    return prim == "convert_element_type" and bool(ins) and (f.dtype[ins[0]], f.dtype[outs[0]]) in _WIDENINGS

@@ -11,6 +11,8 @@ are at the traced batch; a per-candidate factor per buffer rescales them.
 XLA's latency-hiding scheduler may reorder (`memory_model.scheduler_lasts`).
 """
 
+import math
+
 import numpy as np
 
 from kdist.planning import convolutions
@@ -49,7 +51,9 @@ class Step:
         self.overlapped = {}
         self.relu_outputs = set()  # layer outputs made by a max with a constant, a ReLU's (`convolutions`)
         self.unpartitioned = set()  # whole copies XLA makes on a mesh of several devices (`_fft_copies`)
-        self.column_rows = {}  # a column reduction's side output -> rows it sums per example (`column_reductions`)
+        # a column reduction's side output or summed float32 product -> rows it sums per example (`column_reductions`)
+        self.column_rows = {}
+        self.widened = set()  # float32 products a weight gradient's reduction sums late (`column_reductions`)
         self.conv_kernels = {}  # variable -> [the weight a forward convolution reads, events reading it or a copy]
         # caches of what the events give: `lifetimes`, `gradient_kernels`, `branches.forks`
         self._life = self._gradient_kernels = self._forks = self._reads = None
@@ -101,6 +105,9 @@ class Step:
             g = mapping[("side", v)] = self.new(f.size[v], f.shape[v], "activations", f.dtype[v])
             self.column_rows[g] = rows
             self.derived.update((g, mapping[r]) for r in p.roots[v] if f.shape[r] == f.shape[v])
+        for x, rows in p.widened:  # written out on meshes where its reduction is one kernel
+            self.widened.add(mapping[x])
+            self.column_rows[mapping[x]] = rows
         for o in p.gw:
             if o in p.zero_grads:
                 mapping[o] = None
@@ -349,10 +356,11 @@ class Step:
         Left out: a reduction whose gradient has the shape of what a reduction of the input gradient's path
         makes from a buffer it reads too (BatchNormalization's scale and offset gradients: the per-channel sums
         its input gradient needs). XLA:GPU fuses such sibling reductions into one kernel, which runs where the
-        input gradient needs it.
+        input gradient needs it. A kernel made from a float32 product a 16-bit norm's scale gradient sums
+        (`widened`) reads that product too: XLA:GPU sums it with the weight gradients' reductions.
         """
         if self._gradient_kernels is None:
-            start = self.bwd_start or 0
+            start, born = self.bwd_start or 0, self.lifetimes()[0]
             reductions = [u for u in range(start, len(self.events)) if self.event_kinds[u] == "reduction"]
             self._gradient_kernels = []
             for t, (made, used, _) in enumerate(self.events[start:], start=start):
@@ -360,10 +368,24 @@ class Step:
                 if not grads:
                     continue
                 read = [u for u in used if self.term[u] != "external"]
+                read += self._widened_behind(read, grads[0], start, born)
                 if self.event_kinds[t] == "reduction" and self._has_sibling(t, grads[0], read, reductions):
                     continue
                 self._gradient_kernels.append((t, np.array(grads, dtype=int), np.unique(np.array(read, dtype=int))))
         return self._gradient_kernels
+
+    def _widened_behind(self, read, grad, start, born):
+        """The float32 products (`widened`) that backward kernels made `read` from, through values of as many
+        elements as gradient `grad`: the product a 16-bit norm's scale gradient sums waits with its kernel."""
+        found, todo, seen, elements = [], list(read), set(), math.prod(self.shape[grad])
+        while todo:
+            u = todo.pop()
+            if u in seen or born[u] < start or math.prod(self.shape[u]) != elements:
+                continue
+            seen.add(u)
+            found += [w for w in self.events[born[u]][1] if w in self.widened]
+            todo += self.events[born[u]][1]
+        return found
 
     def _has_sibling(self, t, grad, read, reductions):
         """Whether another reduction reads one of the buffers reduction t reads into a backward value (not a

@@ -2,9 +2,13 @@
 kernel: between FEWEST_ROWS and RACE_FREE_COLUMNS rows per device."""
 
 import keras
+import numpy as np
 import pytest
 
+import kdist
+from kdist.jax_internals import cuda_plugin_installed
 from kdist.planning.column_reductions import FEWEST_ROWS, RACE_FREE_COLUMNS
+from kdist.planning.memory_model import reduction_groups, reduction_order_lasts
 from tests.planning.test_convolutions import _traced
 
 
@@ -50,3 +54,45 @@ def test_no_centred_input_on_a_cpu_target_or_for_a_row_reduction(monkeypatch):
 def _layer_normalized():
     tokens = keras.Input((16, 32))
     return keras.Model(tokens, keras.layers.Dense(4)(keras.layers.LayerNormalization()(tokens)))
+
+
+def _normed_tokens(dtype, tokens=64, hidden=32, blocks=2):
+    """Residual MLP blocks, each ending in a LayerNormalization, in `dtype`: Keras normalizes in float32."""
+    inputs = keras.Input((tokens, hidden), dtype=dtype)
+    x = inputs
+    for _ in range(blocks):
+        h = keras.layers.Dense(4 * hidden, activation="relu", dtype=dtype)(x)
+        x = keras.layers.add([x, keras.layers.Dense(hidden, dtype=dtype)(h)])
+        x = keras.layers.LayerNormalization(dtype=dtype)(x)
+    return keras.Model(inputs, keras.layers.Dense(4, dtype=dtype)(x))
+
+
+def test_a_16_bit_norms_scale_gradient_sums_a_float32_product_that_waits_for_the_gradients_reduction(monkeypatch):
+    """Qwen3 in bfloat16 (XLA:GPU's buffers): each norm's f32[b,s,h] product of cotangent and normalised input,
+    written in the backward where a device sums 1024 (data=8) or 4096 rows (fsdp=2,model=4) and summed with the
+    weight gradients' reductions; not where the reduction is split (8192 rows on model=8). In float32 and off a GPU,
+    none (docs/plan.md, "Which values are buffers")."""
+    step, factors = _traced(monkeypatch, lambda: _normed_tokens("bfloat16"), batch_size=512)
+    assert len(step.widened) == 2  # one per LayerNormalization: its gamma's gradient (beta's sums the cotangent)
+    born, last = step.lifetimes()[:2]
+    data, model = factors[(("data", 8),)], factors[(("model", 8),)]
+    for product in step.widened:
+        assert step.dtype[product] == "float32" and step.shape[product][1:] == (64, 32)
+        assert step.term[product] == "backward" and born[product] > step.bwd_start
+        assert step.column_rows[product] == 64
+        assert data[product] > 0 and model[product] == 0  # 64 x 64 rows a device, and 512 x 64
+    ((group_end, _),) = reduction_groups(step, np.asarray(step.size, dtype=np.float64) * data)
+    lasts = reduction_order_lasts(step, data, {"data": 8})
+    assert all(last[p] < group_end == lasts[p] for p in step.widened)  # held from its reduction to the group's
+    assert _traced(monkeypatch, lambda: _normed_tokens("float32"))[0].widened == set()
+    assert _traced(monkeypatch, lambda: _normed_tokens("bfloat16"), target="cpu")[0].widened == set()
+
+
+@pytest.mark.skipif(not cuda_plugin_installed(), reason="jax's CUDA PJRT plugin is not installed")
+def test_the_float32_products_are_what_xla_keeps_for_four_h100s():
+    """Four such blocks at 256 tokens of 256 in bfloat16, batch 64 on data=4 (4096 rows a device) for deviceless
+    H100s: the estimate was 0.899 of XLA's figure without the products (compiled 2026-12-05)."""
+    build = lambda: _normed_tokens("bfloat16", tokens=256, hidden=256, blocks=4)  # noqa: E731
+    result = kdist.plan(build, 4, batch_size=64, target="H100", verify=["data=4"], verify_target="H100")
+    (candidate,) = [c for c in result.candidates if c.compiled]
+    assert 0.95 <= candidate.ratio <= 1.05, (candidate.peak, candidate.compiled["peak"])
