@@ -36,14 +36,12 @@ def side_outputs(p, producer, kinds, status, reach):
     """
     f, found = p.flat, []
     for i in range(p.n_fwd):
-        prim, ins, _ = f.eqns[i]
-        if prim != "reduce_sum" or not ins:
+        rows_per_example = _column_rows(f, i)
+        if rows_per_example is None:
             continue
-        axes, shape = tuple(f.params[i] or ()), f.shape[ins[0]]
-        if not axes or axes != tuple(range(len(axes))) or len(axes) >= len(shape):
-            continue
-        rows_per_example = math.prod(shape[1 : len(axes)])
-        for v in _fused_chain(ins[0], f, producer, kinds, status):
+        operand = f.eqns[i][1][0]
+        shape = f.shape[operand]
+        for v in _fused_chain(operand, f, producer, kinds, status):
             # a reader: a kernel, or the equation making a layer output or input cotangent it is fused into
             readers = {r if isinstance(r, int) else producer[r[1]] for r in reach[v]}
             cast = f.eqns[producer[v]][0] == "convert_element_type"  # mixed precision's float32 copy: recomputed
@@ -86,18 +84,29 @@ def widened_products(p, producer, kinds, status):
     f, found = p.flat, []
     gradient_sources = _gradient_sources(p, producer)
     for i in range(p.n_fwd, len(f.eqns)):
-        prim, ins, outs = f.eqns[i]
-        if prim != "reduce_sum" or not ins or outs[0] not in gradient_sources:
+        _, ins, outs = f.eqns[i]
+        rows_per_example = _column_rows(f, i)
+        if rows_per_example is None or outs[0] not in gradient_sources:
             continue
-        x, axes = ins[0], tuple(f.params[i] or ())
-        if not axes or axes != tuple(range(len(axes))) or len(axes) >= len(f.shape[x]):
-            continue
+        x = ins[0]
         if status[x] != "virt" or f.dtype[x] != "float32" or f.eqns[producer[x]][0] != "mul":
             continue  # a cast alone (an offset's gradient: the cotangent summed) is read in place
         chain = _fused_chain(x, f, producer, kinds, status)
         if any(_cast_up(f.eqns[producer[v]], f) for v in chain):
-            found.append((x, math.prod(f.shape[x][1 : len(axes)])))
+            found.append((x, rows_per_example))
     return found
+
+
+def _column_rows(f, i):
+    """Rows per batch example that equation i sums where it is a column reduction (a sum over its operand's
+    leading dimensions, the batch's first, not all of them), else None."""
+    prim, ins, _ = f.eqns[i]
+    if prim != "reduce_sum" or not ins:
+        return None
+    axes, shape = tuple(f.params[i] or ()), f.shape[ins[0]]
+    if not axes or axes != tuple(range(len(axes))) or len(axes) >= len(shape):
+        return None
+    return math.prod(shape[1 : len(axes)])
 
 
 def _gradient_sources(p, producer):

@@ -377,6 +377,8 @@ class Step:
     def _widened_behind(self, read, grad, start, born):
         """The float32 products (`widened`) that backward kernels made `read` from, through values of as many
         elements as gradient `grad`: the product a 16-bit norm's scale gradient sums waits with its kernel."""
+        if not self.widened:  # a float32 or CPU step: nothing to walk back to
+            return []
         found, todo, seen, elements = [], list(read), set(), math.prod(self.shape[grad])
         while todo:
             u = todo.pop()
