@@ -334,7 +334,9 @@ def buffer_factors(facts, rows, axes, local_batch):
     - a buffer the model (expert) axis splits, followed from the weights'
       layouts through the step (`kdist.planning.model_splits`): / its size;
     - a whole copy XLA's partitioner makes (an FFT's, `Step.unpartitioned`):
-      the global batch on a mesh of several devices, 0 on one;
+      the global batch less the device's own part (the FFT's own operand
+      and output, counted beside it) where the batch is split; where a model
+      axis alone splits it, one more part (XLA's distributed FFT); else 0;
     - a column reduction's side output (`Step.column_rows`): 0 where the
       device's rows are more than `column_reductions.RACE_FREE_COLUMNS` or
       fewer than `FEWEST_ROWS`;
@@ -348,13 +350,18 @@ def buffer_factors(facts, rows, axes, local_batch):
         gathered[i] = r.gathered_bytes / full if r.split_over("fsdp") else 0.0
     out = model_splits.model_split_factors(facts, rows, axes)
     out = np.where(static["batch"], out * local_batch / TRACE_BATCH, out)
+    own = out[static["copied"]]  # an unpartitioned copy's: the device's part, the buffer it copies
     rep = static["rep"]  # -1 (no weight) picks the sentinel: shard 1, gathered 0
     out = np.where(static["weighty"], shard[rep], out)
     out = np.where(static["gathered"], gathered[rep], out)
     early = _reduced_before(facts.traced.step, axes, out, static["overlapped_before"])
     out = np.where((static["overlapped"] >= 0) & (static["overlapped"] != early), 0.0, out)
     whole = np.where(static["batch"], local_batch * axes.get("data", 1) * axes.get("fsdp", 1) / TRACE_BATCH, 1.0)
-    out = np.where(static["unpartitioned"], whole if math.prod(axes.values()) > 1 else 0.0, out)
+    if axes.get("data", 1) * axes.get("fsdp", 1) > 1:  # gathered: the whole batch beside the device's part
+        beyond_own = np.maximum(whole - own, 0.0)
+    else:  # features split over a model axis: XLA's own distributed FFT holds two more parts while it runs
+        beyond_own = np.where(own < whole, own, 0.0)
+    out = np.where(static["unpartitioned"], beyond_own, out)
     rows = static["column_rows"] * local_batch  # a column reduction's side output: written for some row counts
     out = np.where((rows > 0) & ((rows > RACE_FREE_COLUMNS) | (rows < FEWEST_ROWS)), 0.0, out)
     if facts.dtype is not None:
@@ -387,6 +394,7 @@ def _static(facts):
         "overlapped": np.array([int(step.overlapped[g][0]) if g in step.overlapped else -1 for g in range(n)]),
         "overlapped_before": np.array([step.overlapped[g][1] if g in step.overlapped else -1 for g in range(n)]),
         "unpartitioned": np.isin(np.arange(n), list(step.unpartitioned)),
+        "copied": np.array([step.unpartitioned.get(g, g) for g in range(n)], dtype=int),
         "column_rows": np.array([step.column_rows.get(g, 0) for g in range(n)]),
     }
     return facts._buffer_static

@@ -50,7 +50,7 @@ class Step:
         # `event` for it to overlap, a late one only where none does (`convolutions.max_pool_gradient`)
         self.overlapped = {}
         self.relu_outputs = set()  # layer outputs made by a max with a constant, a ReLU's (`convolutions`)
-        self.unpartitioned = set()  # whole copies XLA makes on a mesh of several devices (`_fft_copies`)
+        self.unpartitioned = {}  # whole copy XLA makes on a mesh of several devices -> the buffer (`_fft_copies`)
         # a column reduction's side output or summed float32 product -> rows it sums per example (`column_reductions`)
         self.column_rows = {}
         self.widened = set()  # float32 products a weight gradient's reduction sums late (`column_reductions`)
@@ -241,17 +241,19 @@ class Step:
         self._life = self._gradient_kernels = self._forks = self._reads = None
 
     def _fft_copies(self, buffers):
-        """An FFT's whole copies of its operand and output, `buffers`: gathered copies alive while it runs, on
-        several devices.
+        """An FFT's whole copies of its operand and output, `buffers` (copy -> the buffer): gathered copies alive
+        while it runs, where the batch is split (`memory_model.buffer_factors`).
 
-        XLA's SPMD partitioner has no rule for an FFT over a split batch (or
-        split features): it gathers the operand to every device, transforms
-        all of it and slices its own part of the output back (FNet on fsdp=8:
-        two c64[32,256,256] values at XLA's peak, the whole batch of 32).
+        XLA's SPMD partitioner splits an FFT only along the dimensions it
+        transforms (FNet on model=4: an all-to-all, then a loop of collective
+        permutes over c64[32,128,64] parts); over a split batch it gathers
+        the operand to every device, transforms all of it and slices its own
+        part of the output back (FNet on fsdp=8: two c64[32,256,256] values
+        at XLA's peak, the whole batch of 32).
         """
-        copies = [self.new(self.size[g], self.shape[g], "gathered", self.dtype[g]) for g in buffers if self.size[g]]
+        copies = {self.new(self.size[g], self.shape[g], "gathered", self.dtype[g]): g for g in buffers if self.size[g]}
         self.unpartitioned.update(copies)
-        return copies
+        return list(copies)
 
     def longest_sublayer_backward(self):
         """The most kernels any sublayer's backward run has (`sublayer_spans`); 0 untraced."""

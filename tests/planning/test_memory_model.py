@@ -377,7 +377,9 @@ def _fourier():
 def test_an_fft_holds_whole_copies_of_its_operand_and_output_on_several_devices(monkeypatch):
     """XLA's SPMD partitioner has no rule for an FFT over a split batch: it gathers the operand to every device and
     transforms all of it (FNet on fsdp=8, docs/plan.md). Each FFT makes a whole copy of its operand and of its output,
-    alive while it runs: the global batch on any mesh of several devices, nothing on one."""
+    alive while it runs, counted as what it holds beyond the device's own operand and output (the FFT's own buffers):
+    with them the global batch on any mesh that splits the batch; nothing on one. Where a model axis alone splits the
+    features XLA transforms them split, and each copy is one more part of the device's size."""
     seen = _recorded_factors(monkeypatch)
     model = kdist.abstract_model(_fourier)
     kdist.plan(model, 1, batch_size=64)
@@ -392,9 +394,14 @@ def test_an_fft_holds_whole_copies_of_its_operand_and_output_on_several_devices(
     assert all(one[g] == 0 for g in copies)
     for axes in ({"data": 8}, {"fsdp": 8}, {"data": 2, "model": 4}):
         factors = next(f for _, a, f in seen if a == axes)
-        assert all(factors[g] == pytest.approx(64 / TRACE_BATCH) for g in copies), axes  # the whole batch of 64
-        local = next(g for g in range(len(step.size)) if step.dtype[g] == "complex64" and g not in copies)
-        assert factors[local] < factors[copies[0]]  # the FFT's own output: the device's shard of the batch
+        own = [factors[step.unpartitioned[g]] for g in copies]  # the FFT's own operand and output: a shard
+        assert all(0 < f < 64 / TRACE_BATCH for f in own), axes
+        whole = [factors[g] + f for g, f in zip(copies, own)]
+        assert whole == pytest.approx([64 / TRACE_BATCH] * 4), axes  # with its own part, the whole batch of 64
+    features_split = next(f for _, a, f in seen if a == {"model": 8})  # XLA's distributed FFT: one more part each
+    own = [features_split[step.unpartitioned[g]] for g in copies]
+    assert [features_split[g] for g in copies] == pytest.approx([f if f < 64 / TRACE_BATCH else 0 for f in own])
+    assert 0 < min(own) < 64 / TRACE_BATCH  # the forward FFT's operand is split; its transpose's is not: no copy
 
 
 def _float32_inside_bfloat16():
