@@ -13,8 +13,9 @@ carries each split dimension through the operations that read it.
   reshape takes apart keeps it on the leading part, as far as the part and
   the axis both divide, and where the axis outnumbers that part, on the
   next: grouped-query heads), a slice that cuts the devices' shares moves
-  it to the dimension before, an FFT keeps it (XLA transforms a gathered
-  copy and slices its part back: `Step.unpartitioned`). Where two operands
+  it to the dimension before, an FFT keeps it (over a split batch XLA
+  transforms a gathered copy and slices its part back, a model axis's split
+  alone it transforms in parts: `Step.unpartitioned`). Where two operands
   of a matrix product bring one axis on different dimensions the weight's
   (the right operand's) wins;
 - back from readers: a value an elementwise operation combines with a split

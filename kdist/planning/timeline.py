@@ -242,7 +242,7 @@ class Step:
 
     def _fft_copies(self, buffers):
         """An FFT's whole copies of its operand and output, `buffers` (copy -> the buffer): gathered copies alive
-        while it runs, where the batch is split (`memory_model.buffer_factors`).
+        while it runs, counted on meshes that split the batch or the features (`memory_model.buffer_factors`).
 
         XLA's SPMD partitioner splits an FFT only along the dimensions it
         transforms (FNet on model=4: an all-to-all, then a loop of collective
