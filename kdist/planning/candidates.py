@@ -20,6 +20,7 @@ from kdist.planning.calibration import (
 from kdist.planning.comm import communication, validity
 from kdist.planning.memory_model import (
     GEMM_WORKSPACE,
+    batch_shards,
     buffer_factors,
     collectives_overlap,
     memory_terms,
@@ -49,11 +50,6 @@ def evaluate(facts, axes, batch_size, bandwidth, latency, timing=True):
             candidate.flops, candidate.hbm_bytes = estimate["flops"], estimate["hbm_bytes"]
     candidate.valid, candidate.reason = validity([r for r in rows if r.kind != "optimizer"], axes, batch_size, split)
     return candidate
-
-
-def batch_shards(axes):
-    """How many ways mesh `axes` (role -> size) splits the batch: data x fsdp."""
-    return axes.get("data", 1) * axes.get("fsdp", 1)
 
 
 def smallest_valid_batch(facts, candidates, batch_size):

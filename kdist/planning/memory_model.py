@@ -98,6 +98,11 @@ def _row(kind, variable, spec, sizes, count):
     return PlacedVariable(kind, shape, dtype, tuple(spec), shard_bytes(shape, spec, sizes, size), count, gathered)
 
 
+def batch_shards(axes):
+    """How many ways mesh `axes` (role -> size) splits the batch: data x fsdp."""
+    return axes.get("data", 1) * axes.get("fsdp", 1)
+
+
 def total_bytes(rows, itemsize_override=None):
     return int(sum(r.bytes(itemsize_override) * r.count for r in rows))
 
@@ -113,7 +118,7 @@ def memory_terms(facts, rows, axes, batch_size):
     """
     scale = itemsize(facts.dtype) if facts.dtype is not None else None
     trainable = [r for r in rows if r.kind == "trainable"]
-    local_batch = -(-batch_size // (axes.get("data", 1) * axes.get("fsdp", 1)))
+    local_batch = -(-batch_size // batch_shards(axes))
     terms = {
         "weights": total_bytes([r for r in rows if r.kind in ("trainable", "non_trainable")], scale),
         "gradients": total_bytes(trainable, scale),
@@ -195,8 +200,8 @@ def regathered(facts, rows, axes, factor):
     step = facts.traced.step
     copies = np.zeros(len(step.events) + 1)
     shares = model_splits.regather_shares(facts, rows, axes)
-    batch_split = axes.get("data", 1) * axes.get("fsdp", 1) > 1
-    if shares is None or not batch_split or axes.get("model", 1) < REGATHER_MODEL_AXIS or step.rules.platform != "gpu":
+    unsplit = batch_shards(axes) == 1 or axes.get("model", 1) < REGATHER_MODEL_AXIS
+    if shares is None or unsplit or step.rules.platform != "gpu":
         return factor, copies
     sizes, split = np.asarray(step.size, dtype=np.float64), factor * shares
     extra = sizes * (factor - split)
@@ -356,8 +361,8 @@ def buffer_factors(facts, rows, axes, local_batch):
     out = np.where(static["gathered"], gathered[rep], out)
     early = _reduced_before(facts.traced.step, axes, out, static["overlapped_before"])
     out = np.where((static["overlapped"] >= 0) & (static["overlapped"] != early), 0.0, out)
-    whole = np.where(static["batch"], local_batch * axes.get("data", 1) * axes.get("fsdp", 1) / TRACE_BATCH, 1.0)
-    if axes.get("data", 1) * axes.get("fsdp", 1) > 1:  # gathered: the whole batch beside the device's part
+    whole = np.where(static["batch"], local_batch * batch_shards(axes) / TRACE_BATCH, 1.0)
+    if batch_shards(axes) > 1:  # gathered: the whole batch beside the device's part
         beyond_own = np.maximum(whole - own, 0.0)
     else:  # features split over a model axis: XLA's own distributed FFT holds two more parts while it runs
         beyond_own = np.where(own < whole, own, 0.0)
@@ -382,19 +387,20 @@ def _static(facts):
     batch = np.array(step.batch, dtype=bool)
     floating = np.array([_floating(d) for d in step.dtype])
     sizes = np.array([_itemsize(d) for d in step.dtype], dtype=float)
+    copied = np.array([step.unpartitioned.get(g, g) for g in range(n)], dtype=int)
     facts._buffer_static = {
         "rep": rep,
         "batch": batch,
         "weighty": (rep >= 0) & (terms != "external") & ~batch & (terms != "gathered") & (terms != "unreduced"),
         "gathered": (terms == "gathered") | (terms == "unreduced"),
+        "unpartitioned": copied != np.arange(n),
         "floating": floating,
         "itemsize": np.where(sizes > 0, sizes, 1.0),
         # 1 / 0: a buffer only where a collective runs before event "overlapped_before" / only where none does;
         # -1: both (`Step.overlapped`, `_reduced_before`)
         "overlapped": np.array([int(step.overlapped[g][0]) if g in step.overlapped else -1 for g in range(n)]),
         "overlapped_before": np.array([step.overlapped[g][1] if g in step.overlapped else -1 for g in range(n)]),
-        "unpartitioned": np.isin(np.arange(n), list(step.unpartitioned)),
-        "copied": np.array([step.unpartitioned.get(g, g) for g in range(n)], dtype=int),
+        "copied": copied,  # an FFT's whole copy -> the buffer it copies; any other buffer -> itself
         "column_rows": np.array([step.column_rows.get(g, 0) for g in range(n)]),
     }
     return facts._buffer_static

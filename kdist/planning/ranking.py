@@ -2,7 +2,8 @@
 
 from kdist.checks import MAX_DEVICES
 from kdist.meshes.enumerate import meshes
-from kdist.planning.candidates import batch_shards, evaluate, smallest_valid_batch
+from kdist.planning.candidates import evaluate, smallest_valid_batch
+from kdist.planning.memory_model import batch_shards
 from kdist.render.plan import short_seconds
 from kdist.units import human_bytes
 
@@ -179,7 +180,7 @@ def _largest_fitting_batch(result, facts, valid):
     """The largest batch size below the requested one with which some mesh fits, or None."""
     memory, best = result.budget, None
     for c in valid:
-        split = c.axes.get("data", 1) * c.axes.get("fsdp", 1)
+        split = batch_shards(c.axes)
         state = c.weights + c.optimizer + c.gathered + c.live_gradients + c.workspace
         per_example = (c.peak - state) / max(1, result.batch_size // split)
         if state >= memory or not per_example:
