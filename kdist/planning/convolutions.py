@@ -45,12 +45,16 @@ def max_pool_gradient(step, made, shape, pooled, forward_start):
     return [*made, late], (early, *zeros), tuple(zeros[:1])
 
 
-def note_kernel_reads(step, kernel, backward):
+def note_kernel_reads(step, kernel, backward, window):
     """Record that the last event of `step`, a convolution, reads buffers `kernel` as its kernel: the weights among
-    them, and their copies (`step.conv_kernels`, for `add_kernel_copies`)."""
+    them, and their copies (`step.conv_kernels`, for `add_kernel_copies`); those of a window of more than one
+    element (`window`: the kernel's spatial size), whose input gradient reads them flipped, in
+    `step.windowed_kernels` (`Step._add_gathers`)."""
     for w in kernel:
         var = step.weight_of.get(w)
         if var is not None:
+            if window > 1:
+                step.windowed_kernels.add(var)
             reads = step.conv_kernels.setdefault(var, [None, []])
             if step.term[w] == "external" and not backward:  # the forward reads the variable itself
                 reads[0] = w

@@ -55,6 +55,7 @@ class Step:
         self.column_rows = {}
         self.widened = set()  # float32 products a weight gradient's reduction sums late (`column_reductions`)
         self.conv_kernels = {}  # variable -> [the weight a forward convolution reads, events reading it or a copy]
+        self.windowed_kernels = set()  # variables a convolution reads as a kernel wider than 1 x 1 (`convolutions`)
         # caches of what the events give: `lifetimes`, `gradient_kernels`, `branches.forks`
         self._life = self._gradient_kernels = self._forks = self._reads = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
@@ -185,7 +186,7 @@ class Step:
         self.event_flops, self.event_dtype, self.event_shapes, self.event_kinds = [], [], [], []
         self.event_gemms = []
         self.final_grads = []
-        self.conv_kernels = {}
+        self.conv_kernels, self.windowed_kernels = {}, set()
         self.sublayer_spans = []
         forward_start = {}  # per call (its mapping): the first event of its forward run
         shared, shared_made = set(self.shared.values()), set()
@@ -223,7 +224,8 @@ class Step:
                                          p.flat.eqns[i][0] == "dot_general")  # fmt: skip
                         if p.flat.eqns[i][0] == "conv_general_dilated":
                             kernel = {r for root in p.roots[ins[1]] or () for r in self._expand(mapping[root], memo)}
-                            convolutions.note_kernel_reads(self, kernel, backward)
+                            window = math.prod(p.flat.shape[ins[1]][d] for d in p.flat.params[i].rhs_spec[2:])
+                            convolutions.note_kernel_reads(self, kernel, backward, window)
                         if backward:  # a layer call's (trace_layer names every equation's sublayer)
                             self._extend_span(len(self.events) - 1, (id(mapping), p.sublayers[i]))
             elif item[0] == "acc":
@@ -279,7 +281,9 @@ class Step:
         Without remat XLA gathers once and keeps the copy from the forward use
         to the last backward use. With per-layer remat the recomputed forward
         sits behind an optimization barrier and gathers again: one copy lives
-        through the layer's forward, another through its backward. A table
+        through the layer's forward, another through its backward; so does a
+        GPU convolution kernel wider than 1 x 1 (`windowed_kernels`), whose
+        input gradient reads its filter-layout copy, gathered again. A table
         only embedding lookups read (`looked_up`) is not gathered.
         """
         events = [(list(m), list(u), ip) for m, u, ip in self.events]
@@ -297,7 +301,8 @@ class Step:
             times = sorted(set(times))
             w = externals[var]
             size = self.var_bytes[var] // self.var_itemsize[var] * gather_itemsize[var]
-            spans = [[t for t in times if t < split], [t for t in times if t >= split]] if remat else [times]
+            again = remat or (var in self.windowed_kernels and self.rules.platform == "gpu")
+            spans = [[t for t in times if t < split], [t for t in times if t >= split]] if again else [times]
             for span in spans:
                 if span:
                     g = self.new(size, self.shape[w], "gathered", self.dtype[w])

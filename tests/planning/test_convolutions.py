@@ -1,6 +1,6 @@
 """What XLA:GPU adds to a convolutional step: a max pool's input is computed again by its gradient unless a ReLU made
-it, and each convolution kernel has a filter-layout copy from its forward to its input gradient; and what it leaves
-out: a zero pad a convolution reads."""
+it, each convolution kernel has a filter-layout copy from its forward to its input gradient, which fsdp gathers again
+there; and what it leaves out: a zero pad a convolution reads."""
 
 import keras
 
@@ -74,6 +74,41 @@ def test_each_convolution_kernel_has_a_filter_layout_copy_on_a_gpu(monkeypatch):
     assert factors[(("data", 4), ("model", 2))][second] == 0.5  # the output channels split over 'model'
     cpu, _ = _traced(monkeypatch, _convolved, target="cpu")
     assert _kernel_copies(cpu) == {}
+
+
+def _windowed_and_pointwise():
+    images = keras.Input((16, 16, 4))
+    x = keras.layers.Conv2D(8, 3, padding="same")(images)
+    x = keras.layers.Conv2D(16, 3, padding="same")(x)  # 3 x 3: its input gradient reads it flipped
+    x = keras.layers.Conv2D(24, 1)(x)  # 1 x 1: a matrix product, forward and backward
+    return keras.Model(images, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(x)))
+
+
+def _gathered_spans(step):
+    """{kernel shape: [(born, last) of each gathered copy]} of `step`'s convolution kernels."""
+    born, last = step.lifetimes()[:2]
+    spans = {}
+    for g, var in step.weight_of.items():
+        if step.term[g] == "gathered" and len(step.shape[g]) == 4:
+            spans.setdefault(step.shape[g], []).append((int(born[g]), int(last[g])))
+    return spans
+
+
+def test_a_windowed_kernel_is_gathered_again_for_its_input_gradient(monkeypatch):
+    """Under fsdp XLA:GPU gathers a kernel wider than 1 x 1 once for its forward convolution and again, from its
+    filter-layout copy, for its input gradient (VGG16 on fsdp=8, ResNet50 on fsdp=16: every 3 x 3 kernel); a 1 x 1
+    kernel keeps its forward's gathered copy for the backward, as a dense kernel does. On a CPU target one copy."""
+    step, _ = _traced(monkeypatch, _windowed_and_pointwise)
+    spans = _gathered_spans(step)
+    (forward, backward) = sorted(spans[(3, 3, 8, 16)])
+    assert forward[1] < step.bwd_start <= backward[0]
+    (kept,) = spans[(1, 1, 16, 24)]
+    assert kept[0] < step.bwd_start < kept[1]
+    (first,) = spans[(3, 3, 4, 8)]  # the first layer's input has no gradient: no backward read, no second copy
+    assert first[1] < step.bwd_start
+    cpu, _ = _traced(monkeypatch, _windowed_and_pointwise, target="cpu")
+    (whole,) = _gathered_spans(cpu)[(3, 3, 8, 16)]
+    assert whole[0] < cpu.bwd_start < whole[1]
 
 
 def test_a_mixed_precision_kernels_cast_is_its_copy(monkeypatch):
