@@ -88,7 +88,7 @@ def _gathered_spans(step):
     """{kernel shape: [(born, last) of each gathered copy]} of `step`'s convolution kernels."""
     born, last = step.lifetimes()[:2]
     spans = {}
-    for g, var in step.weight_of.items():
+    for g in step.weight_of:
         if step.term[g] == "gathered" and len(step.shape[g]) == 4:
             spans.setdefault(step.shape[g], []).append((int(born[g]), int(last[g])))
     return spans
