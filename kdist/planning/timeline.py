@@ -184,10 +184,8 @@ class Step:
         memo = {}
         self.events = []
         self.event_flops, self.event_dtype, self.event_shapes, self.event_kinds = [], [], [], []
-        self.event_gemms = []
-        self.final_grads = []
+        self.event_gemms, self.final_grads, self.sublayer_spans = [], [], []
         self.conv_kernels, self.windowed_kernels = {}, set()
-        self.sublayer_spans = []
         forward_start = {}  # per call (its mapping): the first event of its forward run
         shared, shared_made = set(self.shared.values()), set()
         for item in self.agenda:
@@ -278,13 +276,11 @@ class Step:
     def _add_gathers(self, remat, gather_itemsize):
         """FSDP: each weight a kernel reads is all-gathered before it (full size here; 0 after scaling without fsdp).
 
-        Without remat XLA gathers once and keeps the copy from the forward use
-        to the last backward use. With per-layer remat the recomputed forward
-        sits behind an optimization barrier and gathers again: one copy lives
-        through the layer's forward, another through its backward; so does a
-        GPU convolution kernel wider than 1 x 1 (`windowed_kernels`), whose
-        input gradient reads its filter-layout copy, gathered again. A table
-        only embedding lookups read (`looked_up`) is not gathered.
+        Without remat XLA gathers once and keeps the copy from the forward use to the last backward use. With
+        per-layer remat the recomputed forward sits behind an optimization barrier and gathers again: one copy lives
+        through the layer's forward, another through its backward; so does a GPU convolution kernel wider than 1 x 1
+        (`windowed_kernels`), whose input gradient reads its filter-layout copy, gathered again. A table only
+        embedding lookups read (`looked_up`) is not gathered.
         """
         events = [(list(m), list(u), ip) for m, u, ip in self.events]
         uses = {}
