@@ -31,7 +31,8 @@ DOT_MERGER_BYTES = 32 * 2**20
 # deviceless compile's buffer assignment): where XLA's peak is at a GEMM it holds one (`workspace_peak`).
 GEMM_WORKSPACE = 4 * 2**20
 # On a mesh that splits the batch beside a model axis of at least this many devices, XLA:GPU gathers a matrix
-# product's operand again where its weight gradient runs instead of keeping the forward's whole copy (`regathered`).
+# product's operand again where its weight gradient runs instead of keeping the forward's whole copy (`regathered`);
+# beside a smaller one, only an operand a forward kernel other than a matrix product reads split too.
 REGATHER_MODEL_AXIS = 4
 
 
@@ -193,16 +194,21 @@ def regathered(facts, rows, axes, factor):
     encoder on fsdp=2,model=4: docs/plan.md, "Gathered again"). So each
     kernel reading one holds its whole copy while it runs, and a reduction
     group's weight-gradient kernels (`reduction_groups`) hold theirs together
-    at the group's end. A 16-bit value (mixed precision's cast) keeps its
-    gathered copy, as do other meshes, one device and other platforms.
+    at the group's end. Beside a model axis of 2 or 3 only a buffer a forward
+    kernel other than a matrix product reads too is gathered again (a
+    post-norm residual stream: XLM-RoBERTa on data=2,model=2); a pre-norm
+    block's normalized value keeps its whole copy (DeiT on data=4,model=2).
+    A 16-bit value (mixed precision's cast) keeps its gathered copy, as do
+    other meshes, one device and other platforms.
     Returns (factor, copies: bytes per event, zeros where nothing is gathered again).
     """
     step = facts.traced.step
     copies = np.zeros(len(step.events) + 1)
     shares = model_splits.regather_shares(facts, rows, axes)
-    unsplit = batch_shards(axes) == 1 or axes.get("model", 1) < REGATHER_MODEL_AXIS
-    if shares is None or unsplit or step.rules.platform != "gpu":
+    if shares is None or batch_shards(axes) == 1 or step.rules.platform != "gpu":
         return factor, copies
+    if axes.get("model", 1) < REGATHER_MODEL_AXIS:
+        shares = np.where(_read_elementwise_in_forward(step), shares, 1.0)
     sizes, split = np.asarray(step.size, dtype=np.float64), factor * shares
     extra = sizes * (factor - split)
     for t, reads in reduction_groups(step, sizes * split):
@@ -212,6 +218,13 @@ def regathered(facts, rows, axes, factor):
     others[[t for t, _, _ in step.gradient_kernels()]] = 0  # the weight gradients' kernels: by group, above
     copies[: len(step.events)] += others
     return split, copies
+
+
+def _read_elementwise_in_forward(step):
+    """Per buffer: whether a forward kernel other than a matrix product reads it (a post-norm residual stream)."""
+    events, buffers = step.reads()
+    other = (events < step.bwd_start) & ~np.asarray(step.event_gemms, dtype=bool)[events]
+    return np.bincount(buffers[other], minlength=len(step.size)) > 0
 
 
 def collectives_overlap(step, axes):

@@ -1064,16 +1064,13 @@ def test_sam3s_rows_are_within_10_percent_and_in_band_on_every_mesh_of_8():
 def test_inputs_of_different_lengths_are_planned_within_their_bands():
     """`--mixed-lengths`: T5 and BART with 512 source and 128 target tokens, Whisper with 1000 frames and 128 tokens,
     SAM with a point, a box and an empty mask, each input's length given by name. Every row in its band; Whisper within
-    10% on every mesh, BART but on two model-axis meshes (up to 1.121); none more than 5% under (T5's fsdp=8 and
-    fsdp=4,model=2 were, 0.929 and 0.948, until its q/k/v copies); SAM over as ViTDet is (docs/plan.md, "Inputs of
-    different lengths, held out")."""
+    10% on every mesh, and BART since its residual stream is counted gathered again on a model axis of 2 (two
+    model-axis meshes were up to 1.121 over); none more than 5% under (T5's fsdp=8 and fsdp=4,model=2 were, 0.929
+    and 0.948, until its q/k/v copies); SAM over as ViTDet is (docs/plan.md, "Inputs of different lengths, held
+    out")."""
     rows = _rows(MIXED_LENGTHS)
     assert len(rows) == 40 and {r["config"].split()[0] for r in rows} == {"t5", "bart", "whisper", "sam"}
-    assert all(0.95 <= r["ratio"] <= 1.1 for r in rows if r["config"].startswith("whisper"))
-    over = {r["mesh"] for r in rows if r["config"].startswith("bart") and r["ratio"] > 1.1}
-    assert over == {"data=4,model=2", "fsdp=4,model=2"} and all(
-        r["ratio"] < 1.13 for r in rows if "bart" in r["config"]
-    )
+    assert all(0.95 <= r["ratio"] <= 1.1 for r in rows if r["config"].split()[0] in ("whisper", "bart"))
     assert all(r["ratio"] > 1 for r in rows if r["config"].startswith("sam"))
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
     assert not under

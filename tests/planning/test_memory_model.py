@@ -438,6 +438,31 @@ def _normalized_projection():
     return keras.Model([tokens, positions], keras.layers.Dense(50)(h + keras.layers.Dense(32)(x)))
 
 
+@pytest.mark.parametrize("name, post_norm", [("tiny-bert", True), ("tiny-llama", False)])
+def test_on_a_model_axis_of_two_only_a_post_norm_residual_stream_is_gathered_again(monkeypatch, name, post_norm):
+    """With a model axis of 2 beside a batch split XLA:GPU gathers a projection's operand again where a forward
+    kernel other than a matrix product reads it split too (a post-norm block's normalized residual stream, read
+    by the next residual sum: BERT's), and keeps the whole copy where only matrix products read it (a pre-norm
+    block's normalized value: the Llama's); docs/plan.md, "Gathered again"."""
+    seen = []
+    original = memory_model.regathered
+    monkeypatch.setattr(
+        memory_model, "regathered", lambda *a: seen.append((a[0], dict(a[2]), a[3], original(*a))) or seen[-1][3]
+    )
+    kdist.plan(kdist.zoo.load_model(name), 8, batch_size=16, sequence_length=16)
+    step = seen[0][0].traced.step
+    events, buffers = step.reads()
+    two = [(axes, factor, split) for _, axes, factor, (split, _) in seen if axes.get("model") == 2]
+    assert two
+    for axes, factor, split in two:
+        again = [g for g in range(len(step.size)) if split[g] < factor[g]]
+        assert bool(again) == post_norm, axes
+        for g in again:
+            readers = events[buffers == g]
+            assert any(t < step.bwd_start and not step.event_gemms[t] for t in readers), (axes, g)
+            assert split[g] == pytest.approx(factor[g] / 2)
+
+
 @pytest.mark.parametrize("target", ["gpu", "cpu"])
 def test_a_projections_input_is_gathered_again_beside_a_batch_split_and_a_model_axis_of_four(monkeypatch, target):
     """On data=2,model=4 and fsdp=2,model=4 XLA:GPU keeps the split value a projection gathers and gathers it again
