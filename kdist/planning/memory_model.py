@@ -32,8 +32,8 @@ DOT_MERGER_BYTES = 32 * 2**20
 GEMM_WORKSPACE = 4 * 2**20
 # On a mesh that splits the batch beside a model axis of at least this many devices, XLA:GPU gathers a matrix
 # product's operand again where its weight gradient runs instead of keeping the forward's whole copy (`regathered`);
-# beside a smaller one, only an operand a forward kernel other than a matrix product reads split too.
-REGATHER_MODEL_AXIS = 4
+# beside a model axis of 2, only an operand a forward kernel other than a matrix product reads split too.
+REGATHER_MODEL_AXIS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,10 +191,11 @@ def regathered(facts, rows, axes, factor):
     copy, and gathers it again for the kernels that read it: a weight
     gradient's at the end of the backward, where it runs, every layer's in one
     combined all-gather (RoBERTa and DeiT on data=2,model=4, CLIP's vision
-    encoder on fsdp=2,model=4: docs/plan.md, "Gathered again"). So each
-    kernel reading one holds its whole copy while it runs, and a reduction
-    group's weight-gradient kernels (`reduction_groups`) hold theirs together
-    at the group's end. Beside a model axis of 2 or 3 only a buffer a forward
+    encoder on fsdp=2,model=4, Llama 3 and Falcon on data=2,model=3:
+    docs/plan.md, "Gathered again"). So each kernel reading one holds its
+    whole copy while it runs, and a reduction group's weight-gradient kernels
+    (`reduction_groups`) hold theirs together at the group's end. Beside a
+    model axis of 2 only a buffer a forward
     kernel other than a matrix product reads too is gathered again (a
     post-norm residual stream: XLM-RoBERTa on data=2,model=2); a pre-norm
     block's normalized value keeps its whole copy (DeiT on data=4,model=2).

@@ -519,7 +519,8 @@ def test_on_12_devices_at_hidden_384_every_mesh_is_in_its_band_and_t5s_heads_are
     assert not _above_the_band_top(rows)
     assert not any(_more_than_5_percent_under(r) for r in rows)  # T5's, down to 0.935, until its q/k/v copies
     t5 = {r["mesh"]: r["ratio"] for r in rows if r["config"].startswith("t5")}
-    assert all(1.05 <= t5[m] <= 1.11 for m in ("data=4,model=3", "data=2,fsdp=2,model=3", "fsdp=4,model=3"))
+    # 1.039-1.040 since its normalized values are counted gathered again on a model axis of 3 (1.098-1.101 before)
+    assert all(0.95 <= t5[m] <= 1.05 for m in ("data=4,model=3", "data=2,fsdp=2,model=3", "fsdp=4,model=3"))
     assert all(t5[m] >= 0.95 for m in ("fsdp=2,model=6", "data=2,model=6", "model=12"))
 
 

@@ -428,14 +428,15 @@ def test_fsdp_gathers_each_weight_in_the_dtype_of_the_layer_that_computes_with_i
     assert gathered["half/kernel"] == 512 * 1024 * 2
 
 
-def _normalized_projection():
+def _normalized_projection(hidden=32):
     """A learned position table summed into the residual stream, normalized and projected up and down: on a model
     axis the rules split the table's hidden size, and the projections gather what they contract whole."""
     tokens = keras.Input((16,), dtype="int32")
     positions = keras.Input((16,), dtype="int32")
-    h = keras.layers.Embedding(50, 32)(tokens) + keras.layers.Embedding(16, 32, name="position_table")(positions)
-    x = keras.layers.Dense(64, activation="gelu", name="up")(keras.layers.LayerNormalization(name="norm")(h))
-    return keras.Model([tokens, positions], keras.layers.Dense(50)(h + keras.layers.Dense(32)(x)))
+    table = keras.layers.Embedding(16, hidden, name="position_table")
+    h = keras.layers.Embedding(48, hidden)(tokens) + table(positions)
+    x = keras.layers.Dense(2 * hidden, activation="gelu", name="up")(keras.layers.LayerNormalization(name="norm")(h))
+    return keras.Model([tokens, positions], keras.layers.Dense(48)(h + keras.layers.Dense(hidden)(x)))
 
 
 @pytest.mark.parametrize("name, post_norm", [("tiny-bert", True), ("tiny-llama", False)])
@@ -464,25 +465,32 @@ def test_on_a_model_axis_of_two_only_a_post_norm_residual_stream_is_gathered_aga
 
 
 @pytest.mark.parametrize("target", ["gpu", "cpu"])
-def test_a_projections_input_is_gathered_again_beside_a_batch_split_and_a_model_axis_of_four(monkeypatch, target):
-    """On data=2,model=4 and fsdp=2,model=4 XLA:GPU keeps the split value a projection gathers and gathers it again
-    for each kernel that reads it, a weight gradient's at its reduction group's end (docs/plan.md, "Gathered
-    again"); with a model axis of 2, without a batch split, and on XLA:CPU it keeps the whole copy."""
+@pytest.mark.parametrize("devices, hidden", [(8, 32), (6, 48)])
+def test_a_projections_input_is_gathered_again_beside_a_batch_split_and_a_model_axis_of_three_or_more(
+    monkeypatch, target, devices, hidden
+):
+    """On data=2,model=3, data=2,model=4 and fsdp=2,model=4 XLA:GPU keeps the split value a projection gathers and
+    gathers it again for each kernel that reads it, a weight gradient's at its reduction group's end (docs/plan.md,
+    "Gathered again"); with a model axis of 2 (where only matrix products read it), without a batch split, and on
+    XLA:CPU it keeps the whole copy."""
     seen = []
     original = memory_model.regathered
     monkeypatch.setattr(
         memory_model, "regathered", lambda *a: seen.append((a[0], dict(a[2]), a[3], original(*a))) or seen[-1][3]
     )
-    kdist.plan(kdist.abstract_model(_normalized_projection), 8, batch_size=16, target=target)
+    model = kdist.abstract_model(lambda: _normalized_projection(hidden))
+    kdist.plan(model, devices, batch_size=12 if devices == 6 else 16, target=target)
     step = seen[0][0].traced.step
     weight_gradients = {t for t, _, _ in step.gradient_kernels()}
     for _, axes, factor, (split, copies) in seen:
         again = [g for g in range(len(step.size)) if split[g] < factor[g]]
-        if target == "cpu" or axes.get("model", 1) < 4 or len(axes) == 1:
+        if target == "cpu" or axes.get("model", 1) < memory_model.REGATHER_MODEL_AXIS or len(axes) == 1:
             assert not again and not copies.any(), axes
             continue
-        assert len(again) == 2, axes  # the normalized value the up projection reads, its output the next one reads
-        assert all(split[g] == pytest.approx(factor[g] / 4) for g in again)
+        # the up projection's output the next one reads, the residual sum the head reads (and at 48 over 3 the
+        # normalized value the up projection reads)
+        assert {step.shape[g][1:] for g in again} == {(16, 2 * hidden), (16, hidden)}, axes
+        assert all(split[g] == pytest.approx(factor[g] / axes["model"]) for g in again)
         extra = {g: step.size[g] * (factor[g] - split[g]) for g in again}
         groups = memory_model.reduction_groups(step, np.asarray(step.size) * split)
         for t, (_, read, _) in enumerate(step.events):
