@@ -36,7 +36,8 @@ def test_gemmas_score_gradient_is_written_in_each_order_its_two_products_read():
     before = list(p.flat.eqns)
     layouts.copy_operands(p)
     added = _written_again(before, p.flat.eqns)
-    assert [e[0] for _, e in added] == ["mul", "transpose"]  # the gradient's equation again, then its new order
+    # the gradient's equation again (a mul under jax 0.10, an add_any under 0.12.1), then its new order
+    assert len(added) == 2 and added[1][1][0] == "transpose"
     (i, again), (_, transposed) = added
     source = p.flat.eqns[i - 1]  # right after the equation that makes the gradient, the same computation
     assert source[0] == again[0] and source[1] == again[1] and p.flat.size[again[2][0]] == SCORES

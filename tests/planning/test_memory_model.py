@@ -50,8 +50,10 @@ def test_fused_attention_removes_the_sequence_squared_scores(llama):
     fused = [_one(llama, 4, s, attention="fused").activations for s in (128, 256)]
     squared_materialized = materialized[1] - 2 * materialized[0]  # scores and probabilities, heads x S^2 per layer
     squared_fused = fused[1] - 2 * fused[0]  # only the mask's additive bias, 1 x S^2 per layer (cuDNN reads it)
-    assert squared_materialized > 0.25 * materialized[1]
-    assert 0 <= squared_fused < squared_materialized / 4
+    # 30% of the activations under jax 0.10.2; 18% under 0.12.1, whose softmax backward reads the probabilities
+    # alone (not the exponentials and their sums)
+    assert squared_materialized > 0.15 * materialized[1]
+    assert 0 <= squared_fused < squared_materialized / 2  # 0.16 of it under jax 0.10.2, 0.45 under 0.12.1
     assert fused[0] < materialized[0]
 
 
@@ -96,7 +98,7 @@ def test_remat_lowers_the_peak_and_says_what_it_costs(llama):
     plain = kdist.plan(llama, 1, batch_size=8, sequence_length=256)
     remat = kdist.plan(llama, 1, batch_size=8, sequence_length=256, remat=True)
     a, b = plain.candidates[0], remat.candidates[0]
-    assert b.peak < 0.6 * a.peak and b.activations < a.activations / 3
+    assert b.peak < 0.7 * a.peak and b.activations < a.activations / 3  # 0.59 under jax 0.10.2, 0.63 under 0.12.1
     assert b.weights == a.weights and b.optimizer == a.optimizer
     assert remat.remat and any("+33% compute" in n for n in remat.notes)
 
