@@ -1,11 +1,17 @@
 """Shared test helpers: training a model for a few steps and reading its losses; a model whose weight starts as a
-Python float."""
+Python float; the jax version the suite runs on."""
 
+import jax
 import keras
 import numpy as np
 
 from kdist.demo import fit_steps
 from kdist.demo import random_mnist as random_images  # noqa: F401  (re-exported for the tests)
+
+JAX_VERSION = tuple(int(part) for part in jax.__version__.split(".") if part.isdigit())
+# jax 0.12.1 keeps `jax.nn.softmax` a custom_jvp call in a differentiated step: its backward reads the probabilities
+# alone (0.10.2's reads the exponentials and their sums), one score-sized value per attention layer fewer.
+SOFTMAX_BACKWARD_READS_PROBABILITIES = JAX_VERSION >= (0, 12, 1)
 
 
 def train_losses(

@@ -10,7 +10,6 @@ import json
 import math
 from pathlib import Path
 
-import jax
 import pytest
 
 import kdist
@@ -27,6 +26,7 @@ from kdist.planning.calibration import (
 from kdist.planning.candidates import evaluate
 from kdist.planning.facts import ModelFacts
 from kdist.planning.targets import resolve_target
+from tests.helpers import JAX_VERSION
 
 TRUTH = Path("/work/shared/gpu-truth/h100.json")
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.skipif(not TRUTH.exists(), reason=f"{TRUTH} is not on t
 # probabilities) it is lower: Llama 1B at 4 x 2048 tokens, which ran out of memory, is planned to fit. Tracked in the
 # README's versions table.
 measured_with_another_jax = pytest.mark.skipif(
-    tuple(int(part) for part in jax.__version__.split(".")[:2]) >= (0, 12),
+    JAX_VERSION >= (0, 12),
     reason="the H100 peaks were measured with jax 0.10.2; re-measure with jax >= 0.12",
 )
 
