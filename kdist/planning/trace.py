@@ -172,6 +172,14 @@ def _folded(eqn, operands):
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
+def _as_compiled(name, operands):
+    """The primitive XLA runs: a division by a scalar fixed at trace time is a multiplication by its inverse (the
+    algebraic simplifier's A / Const => A * (1 / Const)), as cheap as one in any float type (dropout's scaling)."""
+    if name == "div" and operands[0] is None and operands[1] is not None:
+        return "mul"
+    return name
+
+
 def _taken_branch(eqn, value):
     """The branch a `cond` with a fixed index takes, else None."""
     if eqn.primitive.name != "cond" or value(eqn.invars[0]) is None:
@@ -217,7 +225,7 @@ def flatten(jaxpr, in_ids, flat, scope="", in_values=()):
         outs = [flat.new(v.aval) for v in eqn.outvars]
         env.update(zip(eqn.outvars, outs))
         flat.fixed.update(zip(outs, folded))
-        flat.eqns.append((eqn.primitive.name, [i for i in ins if i is not None], outs))
+        flat.eqns.append((_as_compiled(eqn.primitive.name, operands), [i for i in ins if i is not None], outs))
         flat.scopes.append(stack)
         if eqn.primitive.name in LOOPS:
             loop = _loop(eqn, ins, stack)
@@ -293,7 +301,8 @@ def trace_program(fn, trainable, const, diff, remat=False, name=""):
     outvars = closed.jaxpr.outvars
     saved = [o if o is not None else flat.new(v.aval) for o, v in zip(outs[n_out:], outvars[n_out:])]
     ct = [flat.new(v.aval) for v in backward_closed.jaxpr.invars[len(saved) :]]
-    grads = flatten(backward_closed, saved + ct, flat)
+    fixed = [v.val if isinstance(v, Literal) else flat.fixed.get(o) for o, v in zip(outs[n_out:], outvars[n_out:])]
+    grads = flatten(backward_closed, saved + ct, flat, in_values=fixed)
     grads = [o if o is not None else flat.new(v.aval) for o, v in zip(grads, backward_closed.jaxpr.outvars)]
     fwd_outs = [o if o is not None else flat.new(v.aval) for o, v in zip(outs[:n_out], outvars[:n_out])]
     w, a, c = in_ids[:n_t], in_ids[n_t : n_t + n_d], in_ids[n_t + n_d :]

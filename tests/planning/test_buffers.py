@@ -101,6 +101,29 @@ def test_a_16_bit_exp_read_by_two_kernels_is_written_once_on_a_gpu():
     assert _exp_kept(jnp.float16)
 
 
+def _scaled(divisor):
+    """The analysed bfloat16 `x / divisor`, read by two reductions: (the quotient is a buffer, the backward's
+    primitives)."""
+    x = jax.ShapeDtypeStruct((64, 32), jnp.bfloat16)
+
+    def fn(trainable, diff, const):
+        q = diff[0] / (0.9 if divisor == "constant" else const[0])
+        return [jnp.sum(q, axis=-1), jnp.sum(q, axis=0)]
+
+    p = buffers.analyse(trace.trace_program(fn, [], [x], [x]), buffers.Rules())
+    (quotient,) = [outs[0] for prim, _, outs in p.flat.eqns[: p.n_fwd] if prim in ("div", "mul")]
+    return p.mat[quotient], [prim for prim, _, _ in p.flat.eqns[p.n_fwd :]]
+
+
+def test_a_16_bit_division_by_a_constant_is_a_multiplication_that_fuses_into_each_reader():
+    """XLA rewrites A / Const as A * (1 / Const) (dropout's scaling in bfloat16: RoBERTa's compiled step keeps no
+    quotient); a 16-bit division by a tensor is written once for its two readers."""
+    kept, backward = _scaled("constant")
+    assert not kept and "div" not in backward and "mul" in backward  # the backward's division too
+    kept, backward = _scaled("tensor")
+    assert kept and "div" in backward
+
+
 def _slice_gradient(start):
     """The analysed `dynamic_slice(x, start) @ v`: x's gradient is a dynamic_update_slice into zeros."""
     x, v = jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((32, 16), jnp.float32)
