@@ -174,7 +174,8 @@ def _folded(eqn, operands):
 
 def _as_compiled(name, operands):
     """The primitive XLA runs: a division by a scalar fixed at trace time is a multiplication by its inverse (the
-    algebraic simplifier's A / Const => A * (1 / Const)), as cheap as one in any float type (dropout's scaling)."""
+    algebraic simplifier's A / Const => A * (1 / Const): dropout's scaling), cheap in any float type; an integer one
+    is multiplies and shifts, cheap too (`InstructionFusion::IsExpensive`)."""
     if name == "div" and operands[0] is None and operands[1] is not None:
         return "mul"
     return name
