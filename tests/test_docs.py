@@ -134,9 +134,11 @@ def test_shell_commands_run(path, line, project, compile_cache):
     save_scripts(path, project)
     env = _env(compile_cache)
     del env["KDIST_FAKE_DEVICES"]  # each command picks its own devices
-    if argv[0] == "launch":  # each launch compiles its own: under jax 0.12.1 two run at once by pytest-xdist's
-        for name in compilation_cache_env(compile_cache):  # workers with one persistent cache hung in a process's
-            del env[name]  # fetch of a value (2026-12-06)
+    # Each launch compiles its own: under jax 0.12.1 two run at once by pytest-xdist's workers with one persistent
+    # cache hung in a process's fetch of a value (2026-12-06).
+    if argv[0] == "launch":
+        for name in compilation_cache_env(compile_cache):
+            del env[name]
     result = subprocess.run(
         [sys.executable, "-m", "kdist", *argv], cwd=project, env=env, capture_output=True, text=True, timeout=600
     )
