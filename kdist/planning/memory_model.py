@@ -18,9 +18,10 @@ import keras
 import numpy as np
 
 from kdist.meshes.layout import shard_bytes, split_by
-from kdist.planning import comm, model_splits
+from kdist.planning import model_splits
 from kdist.planning.branches import with_deferred_branches
 from kdist.planning.column_reductions import FEWEST_ROWS, RACE_FREE_COLUMNS
+from kdist.planning.gradient_waits import reduction_groups, reduction_order_lasts
 from kdist.planning.timeline import TERMS
 from kdist.planning.trace import TRACE_BATCH
 from kdist.units import is_float, itemsize
@@ -142,7 +143,7 @@ def memory_terms(facts, rows, axes, batch_size):
             return curves | {"gathered": curves["gathered"] + copies}
 
         overlap = collectives_overlap(traced.step, axes)  # XLA's scheduler reorders the step
-        ordered = reduction_order_lasts(traced.step, factor, axes)
+        ordered = reduction_order_lasts(traced.step, factor, axes, traced.remat)
         curves = swept(scheduler_lasts(traced.step, ordered, axes), deferred=overlap)
         t = int(sum(curves.values()).argmax())
         live = {term: int(curves[term][t]) for term in TERMS} | {"workspace": 0}
@@ -287,46 +288,6 @@ def merged_gemm_lasts(step, last, factor, axes):
         longer = outs if list(sums) == list(outs) else sorted(outs, key=lambda o: sizes[o])[1:]
         last[longer] = np.maximum(last[longer], last[kept].max())
     return last
-
-
-def reduction_order_lasts(step, factor, axes):
-    """Each buffer's last read when weight-gradient kernels wait, or None on one device (nothing waits).
-
-    XLA:GPU combines the gradients' reductions into groups of up to
-    `comm.COMBINE_THRESHOLD`, and its scheduler runs a weight-gradient kernel near the
-    reduction that reads it rather than where the trace makes it. On a mesh
-    with a model axis and no batch split it delays them too, among the model
-    axis's all-reduces (a Bloom on model=8: a layer's norm-weight gradients
-    run after the next layer's backward has begun). Modelled on every mesh of
-    several devices: the kernels are grouped in the order the backward makes
-    their gradients, and the operands of each (the layer's input and output
-    cotangent) stay alive until the group's last kernel (docs/plan.md); a
-    reduction whose sums the input gradient needs too (BatchNormalization's)
-    runs at once (`Step.gradient_kernels`).
-    """
-    if math.prod(axes.values()) == 1:
-        return None
-    _, last, _, _ = step.lifetimes()
-    last = last.copy()
-    for t, reads in reduction_groups(step, np.asarray(step.size, dtype=np.float64) * factor):
-        for reads_of_kernel in reads:
-            last[reads_of_kernel] = np.maximum(last[reads_of_kernel], t)
-    return last
-
-
-def reduction_groups(step, sizes):
-    """The weight-gradient kernels (`Step.gradient_kernels`) in groups whose gradients XLA:GPU reduces in one
-    combined collective, up to `comm.COMBINE_THRESHOLD` of `sizes` each, in the order the backward makes them:
-    (event of the group's last kernel, where its reduction starts; the buffers each kernel reads) per group."""
-    groups, reads, group_bytes = [], [], 0.0
-    kernels = step.gradient_kernels()
-    for i, (t, grads, reads_of_kernel) in enumerate(kernels):
-        reads.append(reads_of_kernel)
-        group_bytes += float(sizes[grads].sum())
-        if group_bytes >= comm.COMBINE_THRESHOLD or i == len(kernels) - 1:
-            groups.append((t, reads))
-            reads, group_bytes = [], 0.0
-    return groups
 
 
 def _reduced_before(step, axes, factor, events):

@@ -945,8 +945,8 @@ def test_experts_on_several_devices_get_a_band_up_to_the_most_xla_took_over_the_
 
 def test_with_remat_the_band_reaches_the_most_xla_took_either_way_of_the_estimate():
     """remat=True, compiled with each node recomputed (docs/plan.md, "Remat, compiled"): the estimate keeps the
-    scheduler's and the waiting gradient kernels' bounds, over XLA's figure on 47 of the 60 meshes of 8 devices
-    (fsdp the most), and is under it on one device, where XLA keeps more of a layer's recomputed forward."""
+    scheduler's and the waiting gradient kernels' bounds, over XLA's figure on 52 of the 60 meshes of 8 devices
+    (the model axes the most), and is under it on one device, where XLA keeps more of a layer's recomputed forward."""
     rows = _rows(*REMAT_RESULTS)
     truth = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows]
     assert len(rows) == 66 and all(r["config"].endswith(" remat") for r in rows)
@@ -958,14 +958,13 @@ def test_with_remat_the_band_reaches_the_most_xla_took_either_way_of_the_estimat
 
 def test_with_remat_four_families_held_out_stay_under_the_top_of_the_remat_band():
     """Four other families with remat on every mesh of 4 devices, compiled after REMAT_LOW and REMAT_HIGH were drawn:
-    none above its band's top; the two outside it are over it (ESM's fsdp meshes, 1.64-1.65). In bfloat16 (three of
-    the six, every mesh of 8) all in band, none under."""
+    all in band, none above its band's top (ESM's fsdp meshes were over it, 1.64-1.65, until the kernels waiting on
+    fsdp meshes ran by the next layer's gathers: 1.24-1.25). In bfloat16 (three of the six, every mesh of 8) all in
+    band, none under."""
     rows = _rows(REMAT_HELD_OUT)
     assert len(rows) == 24 and {r["config"].split()[0] for r in rows} == {"smollm3", "bart", "esm", "deberta_v3"}
     assert not any(r["xla_gpu_deviceless"] > r["estimate"] * REMAT_HIGH + GEMM_WORKSPACE for r in rows)
-    outside = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"]}
-    assert outside == {("esm", "fsdp=4"), ("esm", "data=2,fsdp=2")}
-    assert all(r["estimate"] > r["xla_gpu_deviceless"] / REMAT_LOW for r in rows if not r["in_band"])
+    assert all(r["in_band"] for r in rows)
     in_bfloat16 = _rows(REMAT_BFLOAT16)  # held out as well: three of the six in bfloat16 throughout, on 8 devices
     assert len(in_bfloat16) == 30 and all(
         r["in_band"] and r["estimate"] >= r["xla_gpu_deviceless"] for r in in_bfloat16

@@ -8,7 +8,7 @@ import pytest
 import kdist
 from kdist.jax_internals import cuda_plugin_installed
 from kdist.planning.column_reductions import FEWEST_ROWS, RACE_FREE_COLUMNS
-from kdist.planning.memory_model import reduction_groups, reduction_order_lasts
+from kdist.planning.gradient_waits import reduction_groups, reduction_order_lasts
 from tests.planning.test_convolutions import _traced
 
 

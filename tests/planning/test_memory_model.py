@@ -12,7 +12,7 @@ from kdist import PlanError
 from kdist.abstract import dtype_policy_scope
 from kdist.errors import ArgumentError
 from kdist.models import tiny_transformer
-from kdist.planning import comm, memory_model
+from kdist.planning import comm, gradient_waits, memory_model
 from kdist.planning.buffers import Rules
 from kdist.planning.memory_model import GEMM_WORKSPACE
 from kdist.planning.targets import DEFAULT_MARGIN, resolve_target
@@ -498,7 +498,7 @@ def test_a_projections_input_is_gathered_again_beside_a_batch_split_and_a_model_
         assert {step.shape[g][1:] for g in again} == {(16, 2 * hidden), (16, hidden)}, axes
         assert all(split[g] == pytest.approx(factor[g] / axes["model"]) for g in again)
         extra = {g: step.size[g] * (factor[g] - split[g]) for g in again}
-        groups = memory_model.reduction_groups(step, np.asarray(step.size) * split)
+        groups = gradient_waits.reduction_groups(step, np.asarray(step.size) * split)
         for t, (_, read, _) in enumerate(step.events):
             held = sum(extra.get(g, 0) for g in set(read)) if t not in weight_gradients else 0
             held += sum(sum(extra.get(g, 0) for g in set(r)) for end, reads in groups if end == t for r in reads)

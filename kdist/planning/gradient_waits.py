@@ -1,0 +1,84 @@
+"""Where XLA:GPU runs the weight-gradient kernels of a step on several devices: near their combined reduction.
+
+docs/plan.md, "Weight-gradient kernels wait for their reduction". The
+operands of a waiting kernel (a layer's input and output cotangent) stay
+alive until it runs, which `memory_model.memory_terms` sweeps.
+"""
+
+import math
+
+import numpy as np
+
+from kdist.planning import comm
+
+
+def reduction_order_lasts(step, factor, axes, remat=False):
+    """Each buffer's last read when weight-gradient kernels wait, or None on one device (nothing waits).
+
+    XLA:GPU combines the gradients' reductions into groups of up to
+    `comm.COMBINE_THRESHOLD`, and its scheduler runs a weight-gradient kernel near the
+    reduction that reads it rather than where the trace makes it. On a mesh
+    with a model axis and no batch split it delays them too, among the model
+    axis's all-reduces (a Bloom on model=8: a layer's norm-weight gradients
+    run after the next layer's backward has begun). Modelled on every mesh of
+    several devices: the kernels are grouped in the order the backward makes
+    their gradients, and the operands of each (the layer's input and output
+    cotangent) stay alive until the group's last kernel (docs/plan.md); a
+    reduction whose sums the input gradient needs too (BatchNormalization's)
+    runs at once (`Step.gradient_kernels`). On a remat step over fsdp without a
+    model axis a kernel waits at most until the next block's recomputed forward
+    gathers its weights again: XLA's scheduler overlaps that all-gather with
+    the kernels waiting (Llama 3 with remat on fsdp=8 holds only the running
+    block's MLP cotangents at its peak; on fsdp=4,model=2 it holds the block
+    before's too: `_next_block_gathers`).
+    """
+    if math.prod(axes.values()) == 1:
+        return None
+    _, last, _, _ = step.lifetimes()
+    last = last.copy()
+    sizes = np.asarray(step.size, dtype=np.float64) * factor
+    runs_by = _next_block_gathers(step, sizes) if remat and axes.get("model", 1) == 1 else {}
+    kernel_events = iter([u for u, _, _ in step.gradient_kernels()])  # the order `reduction_groups` keeps
+    for t, reads in reduction_groups(step, sizes):
+        for reads_of_kernel in reads:
+            by = min(t, runs_by.get(next(kernel_events), t))
+            last[reads_of_kernel] = np.maximum(last[reads_of_kernel], by)
+    return last
+
+
+def _next_block_gathers(step, sizes):
+    """{weight-gradient kernel's event: the first event after it where another block's recomputed forward gathers
+    an FSDP-split weight again (a gathered copy born in the backward, `sizes` > 0)}, for the kernels that have one.
+    A block is a layer call of the trace (the first part of a `Step.sublayer_spans` key)."""
+    born = step.lifetimes()[0]
+    gathered = np.flatnonzero((np.array(step.term) == "gathered") & (born >= (step.bwd_start or 0)) & (sizes > 0))
+    gathers = np.unique(born[gathered])
+    if not len(gathers) or not step.sublayer_spans:
+        return {}
+    firsts = np.array([f for f, _, _ in step.sublayer_spans])
+    blocks = [key[0] for _, _, key in step.sublayer_spans]
+
+    def block(t):
+        return blocks[max(int(np.searchsorted(firsts, t, side="right")) - 1, 0)]
+
+    out = {}
+    for u, _, _ in step.gradient_kernels():
+        later = [e for e in gathers[gathers > u] if block(e) != block(u)]
+        if later:
+            out[u] = int(later[0])
+    return out
+
+
+def reduction_groups(step, sizes):
+    """The weight-gradient kernels (`Step.gradient_kernels`) in groups whose gradients XLA:GPU reduces in one
+    combined collective, up to `comm.COMBINE_THRESHOLD` of `sizes` each, in the order the backward makes them:
+    (event of the group's last kernel, where its reduction starts; the buffers each kernel reads) per group."""
+    groups, reads, group_bytes = [], [], 0.0
+    kernels = step.gradient_kernels()
+    for i, (t, grads, reads_of_kernel) in enumerate(kernels):
+        reads.append(reads_of_kernel)
+        group_bytes += float(sizes[grads].sum())
+        if group_bytes >= comm.COMBINE_THRESHOLD or i == len(kernels) - 1:
+            groups.append((t, reads))
+            reads, group_bytes = [], 0.0
+    return groups

@@ -1,0 +1,61 @@
+"""Where the weight-gradient kernels of a step on several devices run: near their combined reduction, and on a
+remat step over fsdp by the next block's gathers."""
+
+import keras
+import numpy as np
+
+import kdist
+from kdist.planning.gradient_waits import reduction_groups, reduction_order_lasts
+from tests.planning.test_memory_model import _recorded_factors
+
+
+def _mlp_blocks(blocks=3, hidden=32):
+    """Residual MLP blocks: each Dense is a layer call of its own, so a remat step recomputes and gathers per Dense."""
+    inputs = keras.Input((16, hidden))
+    x = inputs
+    for _ in range(blocks):
+        h = keras.layers.Dense(4 * hidden, activation="relu")(x)
+        x = keras.layers.LayerNormalization()(keras.layers.add([x, keras.layers.Dense(hidden)(h)]))
+    return keras.Model(inputs, keras.layers.Dense(4)(x))
+
+
+def _step(monkeypatch, remat):
+    seen = _recorded_factors(monkeypatch)
+    kdist.plan(kdist.abstract_model(_mlp_blocks), 8, batch_size=64, target="h100", remat=remat)
+    return seen[0][0].traced.step
+
+
+def test_on_a_remat_step_over_fsdp_a_kernel_runs_by_the_next_blocks_gathers(monkeypatch):
+    """Llama 3 with remat on fsdp=8 of 8 deviceless H100s holds only the running block's MLP cotangents at XLA's
+    peak (the estimate kept both blocks' to the combined reduction: 1.407 of XLA's figure, 1.106 since); on
+    fsdp=4,model=2 XLA holds the block before's too, and the kernels keep waiting there (docs/plan.md, "Remat,
+    compiled")."""
+    step = _step(monkeypatch, remat=True)
+    ones = np.ones(len(step.size))
+    waiting = reduction_order_lasts(step, ones, {"fsdp": 8})  # without remat: every kernel waits for the group
+    fsdp = reduction_order_lasts(step, ones, {"fsdp": 8}, remat=True)
+    model = reduction_order_lasts(step, ones, {"fsdp": 4, "model": 2}, remat=True)
+    assert np.array_equal(model, waiting)
+    born, last = step.lifetimes()[:2]
+    gathers = sorted({born[g] for g, term in enumerate(step.term) if term == "gathered" and born[g] > step.bwd_start})
+    assert gathers  # each Dense's recomputed forward gathers its kernel again
+    ((group_end, _),) = reduction_groups(step, np.asarray(step.size, dtype=np.float64))
+    spans = step.sublayer_spans  # (first, last event, (layer call, sublayer)) of each run of the backward
+    call = lambda t: next(key[0] for first, _, key in reversed(spans) if first <= t)  # noqa: E731
+    earlier = 0
+    for u, _, reads in step.gradient_kernels():
+        later = [e for e in gathers if e > u and call(e) != call(u)]  # another layer's recomputed forward
+        by = min(group_end, later[0]) if later else group_end
+        assert all(fsdp[r] <= max(by, last[r]) for r in reads)
+        earlier += any(fsdp[r] < waiting[r] for r in reads)
+    assert earlier >= 4  # the kernels of every block but the one the backward ends with run before the group's end
+
+
+def test_without_remat_the_backward_gathers_nothing_and_every_kernel_waits(monkeypatch):
+    step = _step(monkeypatch, remat=False)
+    ones = np.ones(len(step.size))
+    born = step.lifetimes()[0]
+    assert not any(step.term[g] == "gathered" and born[g] > step.bwd_start for g in range(len(step.size)))
+    assert np.array_equal(
+        reduction_order_lasts(step, ones, {"fsdp": 8}, remat=True), reduction_order_lasts(step, ones, {"fsdp": 8})
+    )
