@@ -56,16 +56,17 @@ def _next_block_gathers(step, sizes):
     if not len(gathers) or not step.sublayer_spans:
         return {}
     firsts = np.array([f for f, _, _ in step.sublayer_spans])
-    blocks = [key[0] for _, _, key in step.sublayer_spans]
+    blocks = np.array([key[0] for _, _, key in step.sublayer_spans])
 
-    def block(t):
-        return blocks[max(int(np.searchsorted(firsts, t, side="right")) - 1, 0)]
+    def block(events):  # the layer call of the last span starting at or before each event
+        return blocks[np.maximum(np.searchsorted(firsts, events, side="right") - 1, 0)]
 
+    gather_blocks = block(gathers)
     out = {}
     for u, _, _ in step.gradient_kernels():
-        later = [e for e in gathers[gathers > u] if block(e) != block(u)]
-        if later:
-            out[u] = int(later[0])
+        later = (gathers > u) & (gather_blocks != block(u))
+        if later.any():
+            out[u] = int(gathers[later.argmax()])
     return out
 
 
