@@ -195,7 +195,8 @@ def regathered(facts, rows, axes, factor):
     encoder on fsdp=2,model=4, Llama 3 and Falcon on data=2,model=3:
     docs/plan.md, "Gathered again"). So each kernel reading one holds its
     whole copy while it runs, and a reduction group's weight-gradient kernels
-    (`reduction_groups`) hold theirs together at the group's end. Beside a
+    (`reduction_groups`) hold theirs together at the group's end, each buffer
+    once (the query's, key's and value's share their input's). Beside a
     model axis of 2 only a buffer a forward kernel other than a matrix
     product reads too is gathered again (a post-norm residual stream:
     XLM-RoBERTa on data=2,model=2); a pre-norm block's normalized value keeps
@@ -214,7 +215,7 @@ def regathered(facts, rows, axes, factor):
     sizes, split = np.asarray(step.size, dtype=np.float64), factor * shares
     extra = sizes * (factor - split)
     for t, reads in reduction_groups(step, sizes * split):
-        copies[t] += extra[np.concatenate(reads)].sum()
+        copies[t] += extra[np.unique(np.concatenate(reads))].sum()
     events, buffers = step.reads()
     others = np.bincount(events, weights=extra[buffers], minlength=len(step.events))
     others[[t for t, _, _ in step.gradient_kernels()]] = 0  # the weight gradients' kernels: by group, above

@@ -16,8 +16,8 @@ carries each split dimension through the operations that read it.
   it to the dimension before, an FFT keeps it (over a split batch XLA
   transforms a gathered copy and slices its part back, a model axis's split
   alone it transforms in parts: `Step.unpartitioned`). Where two operands
-  of a matrix product bring one axis on different dimensions the weight's
-  (the right operand's) wins;
+  of a matrix product bring one axis on different dimensions the larger
+  operand's wins, the left one's if they are alike (XLA's rule);
 - back from readers: a value an elementwise operation combines with a split
   one of the same shape is split too (a dropout's random bits and mask), and
   a gather's indices, back through reshapes, where the operand's split
@@ -327,13 +327,21 @@ def _carried(loop, ins, outs):
 
 
 def _dot(params, operands, in_shapes):
-    """The output's splits: batch dimensions first, then the left operand's free ones, then the right's."""
+    """The output's splits: batch dimensions first, then the left operand's free ones, then the right's.
+
+    Where both operands bring one axis on different dimensions, the larger operand's split wins, the left one's
+    if they are alike (XLA's sharding propagation, `InferDotShardingFromOperands`): an attention's score gradient
+    keeps its heads' split, the keys it multiplies are gathered.
+    """
     (lc, rc), (lb, rb) = params
     lhs, rhs = operands[0], operands[1] if len(operands) > 1 else {}
     lfree = [d for d in range(len(in_shapes[0])) if d not in lc and d not in lb]
     rfree = [d for d in range(len(in_shapes[1])) if d not in rc and d not in rb]
     position = {}
-    for side, batch, free, offset in ((rhs, rb, rfree, len(lb) + len(lfree)), (lhs, lb, lfree, len(lb))):
+    sides = [(lhs, lb, lfree, len(lb)), (rhs, rb, rfree, len(lb) + len(lfree))]
+    if math.prod(in_shapes[0]) < math.prod(in_shapes[1]):
+        sides.reverse()
+    for side, batch, free, offset in sides:
         for axis, d in side.items():
             if d in batch:
                 position.setdefault(axis, list(batch).index(d))

@@ -264,13 +264,14 @@ def _above_the_band_top(rows, family="transformer", high=0.0):
     return above
 
 
-def test_on_16_devices_only_t5s_model_8_meshes_exceed_the_top_of_their_band():
-    """Four held-out families on 16 devices (`--families-held-out --devices 16`): the rows above their band's top,
-    the unsafe side, are T5's model=8 meshes, a known limit of docs/plan.md ("Sixteen devices"), and nothing else
-    (Gemma 3's fsdp meshes came inside when the band's top took the cuBLAS workspace)."""
+def test_on_16_devices_no_held_out_row_exceeds_the_top_of_its_band():
+    """Four held-out families on 16 devices (`--families-held-out --devices 16`): no row above its band's top, the
+    unsafe side. T5's model=8 meshes (0.897-0.906), a known limit of docs/plan.md ("Sixteen devices"), were until the
+    model-axis band's top rose to 1.12 (2026-12-06); Gemma 3's fsdp meshes came inside when the band's top took the
+    cuBLAS workspace."""
     rows = _rows(FAMILIES_HELD_OUT_16)
     assert len({r["config"] for r in rows}) == 4 and len(rows) == 60
-    assert _above_the_band_top(rows) == {("t5", "fsdp=2,model=8"), ("t5", "data=2,model=8")}
+    assert not _above_the_band_top(rows)
 
 
 def test_on_4_devices_the_held_out_families_never_exceed_the_top_of_their_band():
@@ -302,17 +303,18 @@ def test_at_1024_tokens_the_held_out_families_never_exceed_the_top_of_their_band
     assert not _above_the_band_top(rows)
 
 
-def test_at_hidden_512_and_4_layers_the_held_out_families_keep_the_safety_rule_and_their_bands_top_but_one():
+def test_at_hidden_512_and_4_layers_the_held_out_families_keep_their_bands_top_and_the_safety_rule_but_one():
     """Ten held-out families at twice the width and depth (`--width 512,4`): sizes no band was drawn from. Gemma 3's
-    model=8 is the exception: XLA keeps more of the residual stream's cotangents whole in the backward than the
-    estimate does (docs/plan.md, "Wider and deeper")."""
+    model=8 is the exception to the safety rule (0.894): XLA keeps more of the residual stream's cotangents whole in
+    the backward than the estimate does; it was above its band's top too until that rose to 1.12 (docs/plan.md,
+    "Wider and deeper")."""
     rows = _rows(FAMILIES_HELD_OUT_H512)
     assert len({r["config"] for r in rows}) == 10 and len(rows) == 100
     assert all(" h512 4 layers " in r["config"] for r in rows)
     assert {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)} == {
         ("gemma3", "model=8")
     }
-    assert _above_the_band_top(rows) == {("gemma3", "model=8")}
+    assert not _above_the_band_top(rows)
 
 
 def test_at_hidden_1024_in_bfloat16_the_held_out_families_are_under_only_on_model_axes_and_inside_their_bands():
@@ -345,14 +347,14 @@ def test_on_16_devices_at_hidden_1024_in_bfloat16_t5_is_within_10_percent_and_on
 
 def test_on_16_devices_at_hidden_512_gemma_3s_fsdp_is_safe_and_only_model_axes_of_8_exceed_the_top():
     """Gemma 3 and T5 on 16 devices at hidden 512 and 4 layers: Gemma 3's fsdp meshes, above their band's top at
-    hidden 256, are within 5%; T5's and Gemma 3's batch-split model axes of 8 stay above it (docs/plan.md, "Wider
-    and deeper")."""
+    hidden 256, are within 5%; Gemma 3's batch-split model axes of 8 stay above it (T5's, 0.891-0.902, came inside
+    when the model-axis band's top rose to 1.12; docs/plan.md, "Wider and deeper")."""
     rows = _rows(FAMILIES_HELD_OUT_16_H512)
     assert {r["config"].split()[0] for r in rows} == {"gemma3", "t5"} and len(rows) == 30
     batch_split = [r for r in rows if r["config"].startswith("gemma3") and "model" not in r["mesh"]]  # fsdp, data
     assert len(batch_split) == 5 and not any(_more_than_5_percent_under(r) for r in batch_split)
     above = _above_the_band_top(rows)
-    assert above == {(f, m) for f in ("t5", "gemma3") for m in ("fsdp=2,model=8", "data=2,model=8")}
+    assert above == {("gemma3", m) for m in ("fsdp=2,model=8", "data=2,model=8")}
 
 
 def test_on_32_devices_two_held_out_families_keep_the_safety_rule_and_their_bands_top():
@@ -368,13 +370,14 @@ def test_on_32_devices_two_held_out_families_keep_the_safety_rule_and_their_band
 def test_on_64_devices_three_held_out_families_stay_in_their_bands():
     """Gemma 3, T5 and BART on every mesh of 64 devices at 256 x 256 tokens, compiled 2026-12-03 (docs/plan.md,
     "Sixty-four devices, held out"): every row under its band's top; more than 5% under only where they are on 8
-    devices (Gemma 3's batch-split model axes of 4 and 8; T5's of 2 and 4 until its q/k/v copies)."""
+    devices (Gemma 3's batch-split model axes of 4 and 8; T5's of 2 and 4 until its q/k/v copies) and on BART's
+    fsdp=8,model=8 (0.935 since each buffer gathered again is counted once: "Gathered again")."""
     rows = _rows(FAMILIES_HELD_OUT_64)
     assert {r["config"] for r in rows} == {f"{f} h256 2 layers b256 s256" for f in ("gemma3", "t5", "bart")}
     assert len(rows) == 84 and all(math.prod(_axes(r["mesh"]).values()) == 64 for r in rows)
     assert not _above_the_band_top(rows)
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
-    assert under == {("gemma3", "data=16,model=4"), ("gemma3", "data=8,model=8")}
+    assert under == {("gemma3", "data=16,model=4"), ("gemma3", "data=8,model=8"), ("bart", "fsdp=8,model=8")}
 
 
 def test_on_6_devices_four_held_out_families_keep_the_safety_rule_and_their_bands_top():
@@ -413,24 +416,30 @@ def test_on_10_devices_the_twelve_held_out_families_are_in_their_bands_but_alber
     assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in rows if not r["in_band"])
 
 
-def test_on_10_devices_at_hidden_320_every_mesh_is_in_its_band_and_none_is_under():
+def test_on_10_devices_at_hidden_320_none_is_under_and_the_rows_outside_their_band_are_over_it():
     """Four of them at hidden 320 (`--width 320,2`), which 5 and 10 divide: all nine meshes of 10 are planned and
-    compiled, the model axes of 5 and 10 with each head's size split (8 heads). Every row is in its band, none more
-    than 5% under (T5's were, down to 0.936, until its q/k/v copies; docs/plan.md, "Ten devices, held out")."""
+    compiled, the model axes of 5 and 10 with each head's size split (8 heads). None more than 5% under (T5's were,
+    down to 0.936, until its q/k/v copies); the rows outside their band are Gemma 3's model axes, over its floor
+    since that rose to 0.81 (1.27-1.37; docs/plan.md, "Ten devices, held out")."""
     rows = _rows(FAMILIES_HELD_OUT_10_H320)
     assert {r["config"] for r in rows} == {
         f"{f} h320 2 layers b40 s256" for f in ("llama3", "xlm_roberta", "gemma3", "t5")
     }
     assert len(rows) == 36 and {"fsdp=10", "data=2,model=5", "model=10"} <= {r["mesh"] for r in rows}
-    assert all(r["in_band"] for r in rows)
+    outside = [r for r in rows if not r["in_band"]]
+    assert {(r["config"].split()[0], r["mesh"]) for r in outside} == {
+        ("gemma3", m) for m in ("data=2,model=5", "fsdp=2,model=5", "model=10")
+    }
+    assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in outside)
     assert not any(_more_than_5_percent_under(r) for r in rows)
 
 
 def test_on_7_devices_none_is_under_and_the_rows_outside_their_band_are_over_it():
     """The twelve held-out families on 7 devices, a prime count, at hidden 448 (`--devices 7 --batch 28 --width
     448,2`), which 7 divides: data=7, fsdp=7 and model=7 (each head's size split: 8 heads). No row is more than 5%
-    under (T5's fsdp=7 and model=7 were until its q/k/v copies); the three outside their bands are data-parallel
-    rows over it (ELECTRA, ALBERT and ESM, as on 4 devices; docs/plan.md, "Seven and three devices, held out")."""
+    under (T5's fsdp=7 and model=7 were until its q/k/v copies); the rows outside their bands are over them: three
+    data-parallel rows (ELECTRA, ALBERT and ESM, as on 4 devices) and SmolLM3's model=7 (1.294, since the model-axis
+    band's floor rose to 0.81; docs/plan.md, "Seven and three devices, held out")."""
     rows = _rows(FAMILIES_HELD_OUT_7)
     assert len({r["config"] for r in rows}) == 12 and len(rows) == 36
     assert {r["mesh"] for r in rows} == {"data=7", "fsdp=7", "model=7"}
@@ -441,6 +450,7 @@ def test_on_7_devices_none_is_under_and_the_rows_outside_their_band_are_over_it(
         ("electra", "data=7"),
         ("albert", "data=7"),
         ("esm", "data=7"),
+        ("smollm3", "model=7"),
     }
     assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in outside)
     assert not _above_the_band_top(rows)
@@ -448,8 +458,8 @@ def test_on_7_devices_none_is_under_and_the_rows_outside_their_band_are_over_it(
 
 def test_on_3_devices_no_held_out_family_is_under_and_those_outside_their_band_are_over_it():
     """The twelve on 3 devices at hidden 384 (`--devices 3 --batch 24 --width 384,2`): none more than 5% under, and
-    the rows outside their band are over its floor: ELECTRA's, ALBERT's and ESM's data=3, FNet's fsdp=3 (docs/plan.md,
-    "Seven and three devices, held out")."""
+    the rows outside their band are over its floor: ELECTRA's, ALBERT's and ESM's data=3, FNet's fsdp=3, SmolLM3's
+    model=3 (since the model-axis band's floor rose to 0.81; docs/plan.md, "Seven and three devices, held out")."""
     rows = _rows(FAMILIES_HELD_OUT_3)
     assert len({r["config"] for r in rows}) == 12 and len(rows) == 36
     assert {r["mesh"] for r in rows} == {"data=3", "fsdp=3", "model=3"}
@@ -460,6 +470,7 @@ def test_on_3_devices_no_held_out_family_is_under_and_those_outside_their_band_a
         ("albert", "data=3"),
         ("esm", "data=3"),
         ("f_net", "fsdp=3"),
+        ("smollm3", "model=3"),
     }
     assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in outside)
     assert not _above_the_band_top(rows)
@@ -540,7 +551,8 @@ def test_on_24_devices_only_t5s_data_3_model_8_is_above_its_bands_top():
     assert above == {("t5", "data=3,model=8")}
     under = [r for r in rows if _more_than_5_percent_under(r)]
     assert {r["config"].split()[0] for r in under} == {"t5", "gemma3", "xlm_roberta"}
-    assert [r["mesh"] for r in under if r["config"].startswith("xlm_roberta")] == ["data=6,model=4"]  # "Gathered again"
+    xlm_roberta = {r["mesh"] for r in under if r["config"].startswith("xlm_roberta")}
+    assert xlm_roberta == {"data=6,model=4", "fsdp=3,model=8"}  # "Gathered again"; the second since counted once
     assert all(r["ratio"] > 0.92 for r in under if (r["config"].split()[0], r["mesh"]) not in above)
 
 
@@ -556,31 +568,40 @@ def test_two_backbones_added_last_keep_the_safety_rule_and_their_bands_on_every_
 
 
 def test_the_two_backbones_added_last_stay_in_their_bands_in_bfloat16_and_on_16_devices():
-    """`--newest-families --dtype bfloat16` and `--devices 16`: every row in its band; T5Gemma's fsdp=4,model=4 on 16
-    (0.816, where XLA holds each layer's MLP width whole: docs/plan.md, "Gathered again") only in the band of an
-    activation several layers read (`SHARED_INPUT_HIGH`), above its class's top; in bfloat16 none under, on 16
-    T5Gemma's three fsdp meshes more than 5% under too (0.937-0.944)."""
+    """`--newest-families --dtype bfloat16` and `--devices 16`: on 16 every row in its band; T5Gemma's fsdp=4,model=4
+    (0.816, where XLA holds each layer's MLP width whole: docs/plan.md, "Gathered again") and fsdp=2,model=8 (0.861
+    since each buffer gathered again is counted once) only in the band of an activation several layers read
+    (`SHARED_INPUT_HIGH`), above their class's top; on 16 T5Gemma's three fsdp meshes more than 5% under too
+    (0.937-0.944). In bfloat16 none under, and the rows outside their band are T5Gemma's data=2,model=4 and
+    fsdp=2,model=4, over it (1.25, since the model-axis band's floor rose to 0.81)."""
     in_bf16 = _rows(NEWEST_FAMILIES_BFLOAT16)
-    assert len(in_bf16) == 20 and all(r["in_band"] for r in in_bf16)
-    assert not any(_more_than_5_percent_under(r) for r in in_bf16)
+    assert len(in_bf16) == 20 and not any(_more_than_5_percent_under(r) for r in in_bf16)
+    outside = [r for r in in_bf16 if not r["in_band"]]
+    assert {(r["config"].split()[0], r["mesh"]) for r in outside} == {
+        ("t5gemma", m) for m in ("data=2,model=4", "fsdp=2,model=4")
+    }
+    assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in outside)
     on_16 = _rows(NEWEST_FAMILIES_16)
     assert len(on_16) == 30 and all(r["in_band"] for r in on_16)
-    assert _above_the_band_top(on_16) == {("t5gemma", "fsdp=4,model=4")}
+    assert _above_the_band_top(on_16) == {("t5gemma", "fsdp=4,model=4"), ("t5gemma", "fsdp=2,model=8")}
     under = {(r["config"].split()[0], r["mesh"]) for r in on_16 if _more_than_5_percent_under(r)}
-    assert under == {("t5gemma", m) for m in ("data=4,fsdp=4", "data=2,fsdp=8", "fsdp=16", "fsdp=4,model=4")}
+    fsdp = ("data=4,fsdp=4", "data=2,fsdp=8", "fsdp=16")
+    assert under == {("t5gemma", m) for m in (*fsdp, "fsdp=4,model=4", "fsdp=2,model=8")}
 
 
 def test_nine_more_backbones_name_the_rows_outside_their_bands():
-    """T5Gemma 2, Gemma 3n, PaliGemma, ViTDet, MiT and four CNNs (`--other-backbones`), compiled after every rule: three
-    rows more than 5% under (Gemma 3n's model=8, outside its band; MiT's model=8 and the ResNet's data=8, inside theirs,
-    since the zero pads folded into their convolutions); the other 9 rows outside their bands are over, the most
-    keras-hub's ResNet with basic blocks (16 until "Convolutional steps", 12 until the pads were folded; docs/plan.md,
-    "Nine more backbones, held out")."""
+    """T5Gemma 2, Gemma 3n, PaliGemma, ViTDet, MiT and four CNNs (`--other-backbones`), compiled after every rule: four
+    rows more than 5% under, all inside their bands (Gemma 3n's model=8, outside its band until the model-axis band's
+    top rose to 1.12, and its fsdp=2,model=4 since the larger operand's split wins; MiT's model=8 and the ResNet's
+    data=8, since the zero pads folded into their convolutions); the 12 rows outside their bands are over, the most
+    keras-hub's ResNet with basic blocks (16 until "Convolutional steps", 12 until the pads were folded, 9 until the
+    model-axis band's floor rose to 0.81; docs/plan.md, "Nine more backbones, held out")."""
     rows = _rows(OTHER_BACKBONES)
     assert len(rows) == 90 and len({r["config"] for r in rows}) == 9
     under = [r for r in rows if _more_than_5_percent_under(r)]
     assert {(r["config"].split()[0], r["mesh"], r["in_band"]) for r in under} == {
-        ("gemma3n", "model=8", False),
+        ("gemma3n", "model=8", True),
+        ("gemma3n", "fsdp=2,model=4", True),
         ("mit", "model=8", True),
         ("resnet", "data=8", True),
     }
@@ -588,15 +609,16 @@ def test_nine_more_backbones_name_the_rows_outside_their_bands():
     cnns = {"vgg", "resnet", "xception", "hgnetv2"}
     assert all(r["band_class"].endswith(" cnns") == (r["config"].split()[0] in cnns) for r in rows)
     outside = [r for r in rows if not r["in_band"]]
-    assert len(outside) == 9 and all(r["ratio"] > 1.10 for r in outside)
+    assert len(outside) == 12 and all(r["ratio"] > 1.10 for r in outside)
     assert max(outside, key=lambda r: r["ratio"])["config"].startswith("resnet basic")
 
 
 def test_four_untried_backbones_are_in_their_bands_and_under_only_where_the_limits_say():
     """Qwen-MoE, CLIP's and SigLIP's vision encoders and CSPNet (`--untried-backbones`), compiled after every rule:
     every row in its band; more than 5% under only on Qwen-MoE's meshes that mix fsdp and model (the experts' tokens
-    of every device, "Mixture-of-experts layers under fsdp") and on the vision encoders' model=8, steps under 100 MB
-    (docs/plan.md, "Four untried backbones, held out")."""
+    of every device, "Mixture-of-experts layers under fsdp") and on the vision encoders' model=8 and fsdp=2,model=4
+    (since each buffer gathered again is counted once: XLA also holds a copy of the input images there), steps under
+    100 MB (docs/plan.md, "Four untried backbones, held out"; "Gathered again")."""
     rows = _rows(UNTRIED_BACKBONES)
     assert len(rows) == 49 and all(r["in_band"] for r in rows)
     under = [r for r in rows if _more_than_5_percent_under(r)]
@@ -604,8 +626,7 @@ def test_four_untried_backbones_are_in_their_bands_and_under_only_where_the_limi
     assert moe == {"data=2,fsdp=2,model=2", "fsdp=4,model=2", "fsdp=2,model=4"}
     vision = [r for r in under if not r["config"].startswith("qwen_moe")]
     assert {(r["config"].split()[0], r["mesh"]) for r in vision} == {
-        ("clip_vision", "model=8"),
-        ("siglip_vision", "model=8"),
+        (f, m) for f in ("clip_vision", "siglip_vision") for m in ("model=8", "fsdp=2,model=4")
     }
     assert all(r["xla_gpu_deviceless"] < 100e6 for r in vision)
     cspnet = [r for r in rows if r["config"].startswith("cspnet")]
@@ -619,7 +640,8 @@ def test_ten_more_backbones_keep_their_language_models_within_11_percent_and_are
     cotangent transposed; BASNet's data=8 and DeepLabV3's data=2,fsdp=2,model=2 were too until "Convolutional
     steps", the latter again since the zero pads were folded into its convolutions); DeepLabV3's model axes,
     3.3-4.1x XLA's figure while the logits' channel split was lost at a transposed view, within 14%; the rows above
-    their band's top are meshes with fsdp of DepthAnything and BASNet (and RetinaNet's until the pads were folded),
+    their band's top are meshes with fsdp of DepthAnything and BASNet (and RetinaNet's until the pads were folded;
+    DepthAnything's data=2,fsdp=2,model=2 and BASNet's fsdp=2,model=4 since the model-axis band's floor rose to 0.81),
     and DepthAnything's data=8 (docs/plan.md, "Ten more backbones")."""
     rows = _rows(MORE_BACKBONES)
     family = {r["config"].split()[0] for r in rows}
@@ -637,7 +659,7 @@ def test_ten_more_backbones_keep_their_language_models_within_11_percent_and_are
         ("deeplabv3", m) for m in ("data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8")
     }
     above = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"] and r["ratio"] > 1}
-    assert len(above) == 6 and {f for f, _ in above} == {"depth_anything", "basnet"}
+    assert len(above) == 8 and {f for f, _ in above} == {"depth_anything", "basnet"}
     assert all("fsdp" in mesh for f, mesh in above - {("depth_anything", "data=8")})
     assert all(r["ratio"] < 1.14 for r in rows if r["config"].startswith("deeplabv3") and "model" in r["mesh"])
 
@@ -645,15 +667,15 @@ def test_ten_more_backbones_keep_their_language_models_within_11_percent_and_are
 def test_keras_hub_tasks_whole_keep_their_language_models_within_10_percent_on_every_mesh():
     """Six keras-hub tasks (`--tasks`: backbone, head and Keras's loss): the four causal LMs and BART's seq2seq LM,
     whose 16384 logits and their gradient are the step's largest values, are within 10% on every mesh, one more than 5%
-    under (Gemma 3's model=8, above its band's top); the BERT classifier is over on batch-split model meshes, as the
-    text encoders' backbones are (docs/plan.md, "keras-hub tasks, held out")."""
+    under (Gemma 3's model=8, inside its band since the model-axis band's top rose to 1.12); the BERT classifier is
+    over on batch-split model meshes, as the text encoders' backbones are (docs/plan.md, "keras-hub tasks, held
+    out")."""
     rows = _rows(TASKS)
     families = {r["config"].split()[0] for r in rows}
     assert len(rows) == 60 and families == {"llama3", "qwen3", "gemma3", "gpt2", "bart", "bert"}
     assert all(0.9 <= r["ratio"] <= 1.1 for r in rows if not r["config"].startswith("bert"))
     under = [(r["config"].split()[0], r["mesh"], r["in_band"]) for r in rows if _more_than_5_percent_under(r)]
-    assert under == [("gemma3", "model=8", False)]
-    assert all(r["in_band"] for r in rows if r["config"].split()[0] != "gemma3" or r["mesh"] != "model=8")
+    assert under == [("gemma3", "model=8", True)] and all(r["in_band"] for r in rows)
     over = {r["mesh"] for r in rows if r["ratio"] > 1.1}
     assert over and all("model" in mesh and ("data" in mesh or "fsdp" in mesh) for mesh in over)
 
@@ -667,35 +689,37 @@ def test_three_families_compiled_after_the_head_split_rule_keep_the_safety_rule_
     assert not _above_the_band_top(rows)
 
 
-def test_in_float16_throughout_two_held_out_families_are_none_5_percent_under_and_two_rows_over():
+def test_in_float16_throughout_two_held_out_families_are_none_5_percent_under_and_one_row_over():
     """T5 and Qwen3 built with dtype="float16" on every mesh of 8 (`--dtype float16`; docs/plan.md, "bfloat16
     throughout, held out"): all within 10% until Qwen3's float32 norm products were counted ("A 16-bit norm's scale
-    gradient, summed late"), two of its model meshes over since."""
+    gradient, summed late"), two of its model meshes over since, one since the larger operand's split wins
+    ("Following the model axis through the step")."""
     rows = _rows(FAMILIES_HELD_OUT_FLOAT16)
     assert {r["config"] for r in rows} == {f"{f} float16 h256 2 layers b32 s256" for f in ("t5", "qwen3")}
     assert len(rows) == 20 and all(r["ratio"] >= 0.95 for r in rows)
     over = {(r["config"].split()[0], r["mesh"]) for r in rows if r["ratio"] > 1.10}
-    assert over == {("qwen3", "fsdp=2,model=4"), ("qwen3", "data=2,fsdp=2,model=2")}
+    assert over == {("qwen3", "data=2,fsdp=2,model=2")}
 
 
-def test_at_64_tokens_only_xlm_robertas_model_8_is_above_its_bands_top():
+def test_at_64_tokens_only_xlm_robertas_model_8_is_under_and_inside_its_band():
     """Four held-out families at 256 x 64 tokens (`--batch 256 --sequence 64`): XLM-RoBERTa's model=8 is 0.908, XLA
-    keeping its projections' outputs whole (docs/plan.md, "Longer sequences, held out")."""
+    keeping its projections' outputs whole, above its band's top until that rose to 1.12 (docs/plan.md, "Longer
+    sequences, held out")."""
     rows = _rows(FAMILIES_HELD_OUT_S64)
     assert {r["config"].split()[0] for r in rows} == {"llama3", "xlm_roberta", "t5", "bart"} and len(rows) == 40
-    assert _above_the_band_top(rows) == {("xlm_roberta", "model=8")}
+    assert not _above_the_band_top(rows) and all(r["in_band"] for r in rows)
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
     assert under == {("xlm_roberta", "model=8")}  # T5's five, 0.936-0.946, until its q/k/v copies (docs/plan.md)
 
 
 def test_two_families_never_compiled_before_stay_under_the_top_of_their_band():
-    """RoFormerV2 and Whisper (`--families-unseen`): Whisper's model=8 is 0.944, inside the model-axis class's band
+    """RoFormerV2 and Whisper (`--families-unseen`): Whisper's model=8 is 0.941, inside the model-axis class's band
     since the branches of its backward may run late, its fsdp=2,model=4 0.926 since the copies gathered again are
-    counted split (docs/plan.md, "Two families never compiled before")."""
+    counted split, 0.913 since each once (docs/plan.md, "Two families never compiled before", "Gathered again")."""
     rows = _rows(FAMILIES_UNSEEN)
     assert {r["config"].split()[0] for r in rows} == {"roformer_v2", "whisper"} and len(rows) == 20
     assert not _above_the_band_top(rows)
-    assert all(r["estimate"] >= 0.92 * r["xla_gpu_deviceless"] for r in rows)
+    assert all(r["estimate"] >= 0.91 * r["xla_gpu_deviceless"] for r in rows)
     assert not any(_more_than_5_percent_under(r) for r in rows if "model" not in r["mesh"])
 
 
@@ -870,8 +894,8 @@ def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():
     assert classes["model=8"] == classes["data=2,fsdp=2,model=2"] == "model-axis transformers"
     data, model8 = result.candidate("data=8"), result.candidate("model=8")
     assert data.band == (int(data.peak * 0.91), int(data.peak * 1.15) + GEMM_WORKSPACE)
-    assert model8.band == (int(model8.peak * 0.64), int(model8.peak * 1.07) + GEMM_WORKSPACE)
-    assert any("model-axis transformers -36%/+7%" in note for note in result.notes)
+    assert model8.band == (int(model8.peak * 0.81), int(model8.peak * 1.12) + GEMM_WORKSPACE)
+    assert any("model-axis transformers -19%/+12%" in note for note in result.notes)
     assert result.recommendation.band_class in result.reason
 
 
@@ -879,17 +903,16 @@ def test_16_bit_compute_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
     """Every stored row computed in 16 bits (mixed_bfloat16, mixed_float16, bfloat16 and float16 throughout), but
     those with a band of their own (an activation several layers read): XLA's figure never exceeds the top of the
     row's band widened to MIXED_PRECISION_HIGH, the most it exceeded the estimate, rounded up; float32 plans keep
-    their class's. The eight families in mixed_bfloat16 (`--mixed-precision`) need it."""
+    their class's. Bfloat16 rows of ESM, DINOv3, RWKV-7 and ResNet50 need it (the eight families in mixed_bfloat16,
+    `--mixed-precision`, did until the model-axis band's top rose to 1.12)."""
     paths = [p for p in (ROOT / "benchmarks/results").glob("planner_vs_deviceless_*.json") if "_gpu" not in p.name]
     half = [r for path in paths for r in json.loads(path.read_text())["rows"] if "float16 " in r["config"]]
     half = [r for r in half if r["config"].split()[0] not in SHARED_INPUT_FAMILIES]
     assert len(half) > 500 and MIXED_PRECISION_HIGH == pytest.approx(
         _rounded_up(max(r["xla_gpu_deviceless"] / r["estimate"] for r in half))
     )
-    rows = _rows(MIXED_PRECISION_RESULTS)
-    assert len({r["config"] for r in rows}) == 8 and len(rows) == 80
-    ratios = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows]
-    tops = [band_class(_axes(r["mesh"]), "transformer")[0].high for r in rows]
+    tops = [band_class(_axes(r["mesh"]), _family(r).split()[-1])[0].high for r in half]
+    ratios = [r["xla_gpu_deviceless"] / r["estimate"] for r in half]
     assert any(ratio > top for ratio, top in zip(ratios, tops))  # the class bands alone would not hold them
     model = kdist.abstract_model(tiny_transformer)
     half = kdist.plan(model, 8, batch_size=16, dtype="bfloat16", attention="materialized").candidate("fsdp=8")
@@ -958,13 +981,15 @@ def test_with_remat_the_band_reaches_the_most_xla_took_either_way_of_the_estimat
 
 def test_with_remat_four_families_held_out_stay_under_the_top_of_the_remat_band():
     """Four other families with remat on every mesh of 4 devices, compiled after REMAT_LOW and REMAT_HIGH were drawn:
-    all in band, none above its band's top (ESM's fsdp meshes were over it, 1.64-1.65, until the kernels waiting on
-    fsdp meshes ran by the next layer's gathers: 1.24-1.25). In bfloat16 (three of the six, every mesh of 8) all in
-    band, none under."""
+    none above its band's top, all in band but ESM's fsdp=2,model=2, over it (1.38) since the model-axis band's floor
+    rose to 0.81 (ESM's fsdp meshes were over it, 1.64-1.65, until the kernels waiting on fsdp meshes ran by the next
+    layer's gathers: 1.24-1.25). In bfloat16 (three of the six, every mesh of 8) all in band, none under."""
     rows = _rows(REMAT_HELD_OUT)
     assert len(rows) == 24 and {r["config"].split()[0] for r in rows} == {"smollm3", "bart", "esm", "deberta_v3"}
     assert not any(r["xla_gpu_deviceless"] > r["estimate"] * REMAT_HIGH + GEMM_WORKSPACE for r in rows)
-    assert all(r["in_band"] for r in rows)
+    outside = [r for r in rows if not r["in_band"]]
+    assert [(r["config"].split()[0], r["mesh"]) for r in outside] == [("esm", "fsdp=2,model=2")]
+    assert outside[0]["estimate"] > outside[0]["xla_gpu_deviceless"]
     in_bfloat16 = _rows(REMAT_BFLOAT16)  # held out as well: three of the six in bfloat16 throughout, on 8 devices
     assert len(in_bfloat16) == 30 and all(
         r["in_band"] and r["estimate"] >= r["xla_gpu_deviceless"] for r in in_bfloat16
@@ -1064,7 +1089,8 @@ def test_sam3s_rows_are_within_10_percent_and_in_band_on_every_mesh_of_8():
 
 def test_inputs_of_different_lengths_are_planned_within_their_bands():
     """`--mixed-lengths`: T5 and BART with 512 source and 128 target tokens, Whisper with 1000 frames and 128 tokens,
-    SAM with a point, a box and an empty mask, each input's length given by name. Every row in its band; Whisper within
+    SAM with a point, a box and an empty mask, each input's length given by name. Every row in its band but SAM's
+    fsdp=4,model=2, over it (1.27) since the model-axis band's floor rose to 0.81; Whisper within
     10% on every mesh, and BART since its residual stream is counted gathered again on a model axis of 2 (two
     model-axis meshes were up to 1.121 over); none more than 5% under (T5's fsdp=8 and fsdp=4,model=2 were, 0.929
     and 0.948, until its q/k/v copies); SAM over as ViTDet is (docs/plan.md, "Inputs of different lengths, held
@@ -1075,7 +1101,7 @@ def test_inputs_of_different_lengths_are_planned_within_their_bands():
     assert all(r["ratio"] > 1 for r in rows if r["config"].startswith("sam"))
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
     assert not under
-    assert all(r["in_band"] for r in rows)
+    assert [(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"]] == [("sam", "fsdp=4,model=2")]
 
 
 def test_each_reason_a_band_is_wider_is_noted_once():

@@ -432,14 +432,18 @@ def test_fsdp_gathers_each_weight_in_the_dtype_of_the_layer_that_computes_with_i
     assert gathered["half/kernel"] == 512 * 1024 * 2
 
 
-def _normalized_projection(hidden=32):
+def _normalized_projection(hidden=32, gated=False):
     """A learned position table summed into the residual stream, normalized and projected up and down: on a model
-    axis the rules split the table's hidden size, and the projections gather what they contract whole."""
+    axis the rules split the table's hidden size, and the projections gather what they contract whole. `gated`:
+    a second up projection of the same normalized value (a gated MLP's), its sum with the first read down."""
     tokens = keras.Input((16,), dtype="int32")
     positions = keras.Input((16,), dtype="int32")
     table = keras.layers.Embedding(16, hidden, name="position_table")
     h = keras.layers.Embedding(48, hidden)(tokens) + table(positions)
-    x = keras.layers.Dense(2 * hidden, activation="gelu", name="up")(keras.layers.LayerNormalization(name="norm")(h))
+    normalized = keras.layers.LayerNormalization(name="norm")(h)
+    x = keras.layers.Dense(2 * hidden, activation="gelu", name="up")(normalized)
+    if gated:
+        x = x + keras.layers.Dense(2 * hidden, activation="gelu", name="gate")(normalized)
     return keras.Model([tokens, positions], keras.layers.Dense(48)(h + keras.layers.Dense(hidden)(x)))
 
 
@@ -474,17 +478,19 @@ def test_on_a_model_axis_of_two_only_a_post_norm_residual_stream_is_gathered_aga
             assert split[g] == pytest.approx(factor[g] / 2)
 
 
-@pytest.mark.parametrize("target", ["gpu", "cpu"])
-@pytest.mark.parametrize("devices, hidden", [(8, 32), (6, 48)])
+@pytest.mark.parametrize(
+    "target, gated, devices, hidden",
+    [("gpu", False, 8, 32), ("gpu", False, 6, 48), ("gpu", True, 6, 48), ("cpu", False, 8, 32), ("cpu", False, 6, 48)],
+)
 def test_a_projections_input_is_gathered_again_beside_a_batch_split_and_a_model_axis_of_three_or_more(
-    monkeypatch, target, devices, hidden
+    monkeypatch, target, gated, devices, hidden
 ):
     """On data=2,model=3, data=2,model=4 and fsdp=2,model=4 XLA:GPU keeps the split value a projection gathers and
-    gathers it again for each kernel that reads it, a weight gradient's at its reduction group's end (docs/plan.md,
-    "Gathered again"); with a model axis of 2 (where only matrix products read it), without a batch split, and on
-    XLA:CPU it keeps the whole copy."""
+    gathers it again for each kernel that reads it, a weight gradient's at its reduction group's end, once however
+    many of the group's kernels read it (docs/plan.md, "Gathered again"); with a model axis of 2 (where only matrix
+    products read it), without a batch split, and on XLA:CPU it keeps the whole copy."""
     seen = _recorded_regathered(monkeypatch)
-    model = kdist.abstract_model(lambda: _normalized_projection(hidden))
+    model = kdist.abstract_model(lambda: _normalized_projection(hidden, gated))
     kdist.plan(model, devices, batch_size=12 if devices == 6 else 16, target=target)
     step = seen[0][0].traced.step
     weight_gradients = {t for t, _, _ in step.gradient_kernels()}
@@ -501,6 +507,9 @@ def test_a_projections_input_is_gathered_again_beside_a_batch_split_and_a_model_
         groups = gradient_waits.reduction_groups(step, np.asarray(step.size) * split)
         for t, (_, read, _) in enumerate(step.events):
             held = sum(extra.get(g, 0) for g in set(read)) if t not in weight_gradients else 0
-            held += sum(sum(extra.get(g, 0) for g in set(r)) for end, reads in groups if end == t for r in reads)
+            held += sum(sum(extra.get(g, 0) for g in set().union(*reads)) for end, reads in groups if end == t)
             assert copies[t] == pytest.approx(held), (axes, t)
         assert any(copies[end] > 0 for end, _ in groups)  # the up projection's weight gradient, at its group's end
+        if gated:  # the up and gate projections' weight gradients read one gathered value (48 over 3), held once
+            read_again = [[g for r in reads for g in r if extra.get(g)] for _, reads in groups]
+            assert any(len(set(read)) < len(read) for read in read_again)

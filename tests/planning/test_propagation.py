@@ -146,6 +146,20 @@ def test_a_matrix_product_keeps_the_splits_of_free_and_batch_dimensions_and_drop
     ]
 
 
+def test_where_both_operands_split_one_axis_differently_the_larger_operands_split_wins():
+    """XLA's sharding propagation gives a matrix product the larger operand's split, the left one's if they are
+    alike (`InferDotShardingFromOperands`): a grouped-query attention's query gradient keeps the score gradient's
+    split of the heads, not the split of the keys' head size (Llama 3's keys on model=8: 2 heads, each head's size
+    split 4 ways), which XLA gathers (docs/plan.md, "Following the model axis through the step")."""
+    numbers = (((3,), (1,)), ((0, 1), (0, 2)))  # (b, heads, t, s) x (b, s, heads, h) -> (b, heads, t, h)
+    score_gradient, keys = {"model": 1}, {"model": 3}
+    operands = [score_gradient, keys]
+    assert _rule("dot_general", numbers, operands, [(4, 8, 64, 64), (4, 64, 8, 32)], [(4, 8, 64, 32)]) == [{"model": 1}]
+    # fewer queries: the keys are larger, their split wins; as large: the left operand's
+    assert _rule("dot_general", numbers, operands, [(4, 8, 4, 64), (4, 64, 8, 32)], [(4, 8, 4, 32)]) == [{"model": 3}]
+    assert _rule("dot_general", numbers, operands, [(4, 8, 32, 64), (4, 64, 8, 32)], [(4, 8, 32, 32)]) == [{"model": 1}]
+
+
 def test_an_operand_split_on_a_dimension_only_it_contracts_is_gathered():
     numbers = (((2,), (0,)), ((), ()))
     assert _gathered(numbers, [{"model": 2}, {"model": 1}]) == [{"model"}, set()]
