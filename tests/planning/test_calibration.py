@@ -617,8 +617,8 @@ def test_four_untried_backbones_are_in_their_bands_and_under_only_where_the_limi
     """Qwen-MoE, CLIP's and SigLIP's vision encoders and CSPNet (`--untried-backbones`), compiled after every rule:
     every row in its band; more than 5% under only on Qwen-MoE's meshes that mix fsdp and model (the experts' tokens
     of every device, "Mixture-of-experts layers under fsdp") and on the vision encoders' model=8 and fsdp=2,model=4
-    (since each buffer gathered again is counted once: XLA also holds a copy of the input images there), steps under
-    100 MB (docs/plan.md, "Four untried backbones, held out"; "Gathered again")."""
+    (since each buffer gathered again is counted once; SigLIP's compile also holds a copy of the input images there),
+    steps under 100 MB (docs/plan.md, "Four untried backbones, held out"; "Gathered again")."""
     rows = _rows(UNTRIED_BACKBONES)
     assert len(rows) == 49 and all(r["in_band"] for r in rows)
     under = [r for r in rows if _more_than_5_percent_under(r)]
