@@ -3,7 +3,9 @@
 XLA's sharding propagation (GSPMD) starts from the weights' shardings and
 carries each split dimension through the operations that read it.
 `split_axes` does the same over every call of the step in the order it runs
-(a layer's inputs take their producer's split):
+(a layer's inputs take their producer's split, and where the producer
+wrote the value as a view of another shape than its buffer, a transpose
+the layer returns, the view's own):
 
 - forward, operation by operation: an elementwise operation keeps a split,
   a matrix product keeps the splits of its free and batch dimensions and
@@ -34,7 +36,7 @@ carries each split dimension through the operations that read it.
   A convolution gathers an input split on the channels it reads whole (its
   kernel splits its output channels: XLA:GPU keeps that copy for the weight
   gradient on every mesh); a grouped (depthwise) one convolves each
-  device's own channels;
+  device's own channels (`conv_splits`);
 - a convolution whose kernel splits the channels it contracts makes a
   partial sum: whole, whatever reads it, and where it is the gradient of a
   split input, counted twice: XLA reduce-scatters it to the input's split
@@ -53,6 +55,7 @@ says. An operation without a rule here makes whole outputs.
 
 import math
 
+from kdist.planning import conv_splits
 from kdist.planning.gather_indices import gather_index_splits, gather_output_split, index_views
 from kdist.planning.zero_pads import folded_operand, gather_padded
 
@@ -112,17 +115,19 @@ def split_axes(step, weight_splits, sizes=None):
     by_products = set()  # those a matrix product gathers
     summed = set()  # a convolution's partial sums: whole until their reduction, whatever reads them
     enlarged = {}  # a split input's gradient -> {axis: 2}: reduce-scattered from a features-first copy
+    views = {}  # buffer -> {shape: split} of the values of other shapes a call wrote it as (a transpose's view)
     for item in step.agenda:
         if item[0] == "acc":
             # a part may be a view of the sum's shape (a reader took the tensor through a reshape)
             splits[item[1]] = _merged([_fit(splits[x], step.shape[x], step.shape[item[1]], sizes) for x in item[2]])
+            views.pop(item[1], None)
         if item[0] != "run":
             continue
         _, (p, mapping), lo, hi = item
         before, env = forward.get(id(mapping), (None, {}))
         fixed = frozenset(x for x, g in mapping.items() if g is not None and _fixed(step, g))
         given = {
-            x: _fit(splits[mapping[x]], step.shape[mapping[x]], p.flat.shape[x], sizes)
+            x: _given(splits, views, mapping[x], step.shape[mapping[x]], p.flat.shape[x], sizes)
             for x in (*p.w, *p.c, *p.a, *p.ct)
             if mapping.get(x) is not None
         }
@@ -145,13 +150,20 @@ def split_axes(step, weight_splits, sizes=None):
             if primal is not None and splits[primal]:  # XLA gives an input's gradient the input's split
                 enlarged[mapping[x]] = {a: 2.0 for a in splits[primal]}
         own = set()  # buffers a value of their own shape split here: a view of another shape (a transpose's) keeps it
+        written = {}  # buffer -> {shape: split} of the views of other shapes written here
         for x, s in env.items():
             g = mapping.get(x)
-            if g is None or _fixed(step, g) or g in summed or g in own:
+            if g is None or _fixed(step, g) or g in summed:
+                continue
+            if tuple(p.flat.shape[x]) != tuple(step.shape[g]):
+                written.setdefault(g, {})[tuple(p.flat.shape[x])] = s
+            if g in own:
                 continue
             splits[g] = _fit(s, p.flat.shape[x], step.shape[g], sizes)
             if s and tuple(p.flat.shape[x]) == tuple(step.shape[g]):
                 own.add(g)
+            views.pop(g, None)
+        views.update(written)
         for x, axes in gathered_here.items():
             if (g := mapping[x] if x in mapping else folded_operand(p, x, mapping)) is not None:  # or a pad's operand
                 gathered.setdefault(g, set()).update(axes)
@@ -188,8 +200,8 @@ def _run(f, lo, hi, env, given, fixed, sizes):
             found = _gathered(f.params[i], operands)
             by_products.update(x for x, axes in zip(ins, found) if axes)
         elif name == "conv_general_dilated":
-            found = _conv_gathered(f.params[i], operands, shapes)
-            if _conv_partial(f.params[i], operands, shapes):
+            found = conv_splits.gathered_inputs(f.params[i], operands, shapes)
+            if conv_splits.partial_sum(f.params[i], operands, shapes):
                 summed.update(outs)
         else:
             continue
@@ -210,6 +222,13 @@ def _run(f, lo, hi, env, given, fixed, sizes):
                 if not env[x] and x not in fixed:
                     env[x] = env[out]
     return env, gathered, summed, by_products
+
+
+def _given(splits, views, g, buffer_shape, shape, sizes):
+    """The split a call's value of `shape` takes from buffer `g`: a view's own where a call wrote `g` as one of that
+    shape (a transpose's: its dimensions are the buffer's in another order), else the buffer's, fitted."""
+    seen = views.get(g, {})
+    return seen[tuple(shape)] if tuple(shape) in seen else _fit(splits[g], buffer_shape, shape, sizes)
 
 
 def _fit(split, shape, buffer_shape, sizes):
@@ -285,7 +304,7 @@ def _rule(name, params, operands, in_shapes, out_shapes, sizes=None):
     if name == "gather":
         return [gather_output_split(params, operands[0], in_shapes[0], len(out_shapes[0]))]
     if name == "conv_general_dilated":
-        return [_conv(params, operands)]
+        return [conv_splits.output_split(params, operands)]
     if name in LOOPS:
         return _loop(params, operands, sizes)
     if name in _SLICES:
@@ -360,35 +379,6 @@ def _gathered(params, operands):
     return out
 
 
-def _conv_gathered(dimension_numbers, operands, shapes):
-    """Per operand of a convolution: the axes its input is gathered over (features split, the kernel's not).
-
-    A grouped convolution (a depthwise one: the input has more features than
-    the kernel reads per group) keeps an input split that its kernel's output
-    features share: each device convolves its own groups.
-    """
-    lhs_spec, rhs_spec, _ = dimension_numbers
-    lhs, rhs = operands[0], operands[1] if len(operands) > 1 else {}
-    kernel_dim = rhs_spec[0] if _grouped(dimension_numbers, shapes) else rhs_spec[1]
-    return [{a for a, d in lhs.items() if d == lhs_spec[1] and rhs.get(a) != kernel_dim}, set()]
-
-
-def _conv_partial(dimension_numbers, operands, shapes):
-    """Whether a convolution's output is a partial sum: its kernel split on the input features it contracts, the
-    input split alike or whole (each device then reads its slice).
-    """
-    lhs_spec, rhs_spec, _ = dimension_numbers
-    lhs, rhs = operands[0], operands[1] if len(operands) > 1 else {}
-    contracted = any(d == rhs_spec[1] and lhs.get(a, lhs_spec[1]) == lhs_spec[1] for a, d in rhs.items())
-    return contracted and not _grouped(dimension_numbers, shapes)
-
-
-def _grouped(dimension_numbers, shapes):
-    """Whether a convolution is grouped: its input has more features than its kernel reads (depthwise)."""
-    lhs_spec, rhs_spec, _ = dimension_numbers
-    return shapes[0][lhs_spec[1]] != shapes[1][rhs_spec[1]]
-
-
 def _reshape(split, shape, new_shape, sizes=None):
     """A split dimension keeps its split where the reshape keeps it leading: same elements before it.
 
@@ -436,15 +426,4 @@ def _slice(split, shape, new_shape, sizes=None):
         before = next((e for e in range(d - 1, -1, -1) if new_shape[e] > 1), None)
         if isinstance(key, str) and before is not None and before not in out.values():
             out[(key, "of", new_shape[before])] = before
-    return out
-
-
-def _conv(dimension_numbers, operands):
-    """A kernel's split output features split the output's features; the input's batch split stays."""
-    lhs, rhs = operands[0], operands[1] if len(operands) > 1 else {}
-    lhs_spec, rhs_spec, out_spec = dimension_numbers
-    out = {a: out_spec[1] for a, d in rhs.items() if d == rhs_spec[0]}
-    for a, d in lhs.items():
-        if d == lhs_spec[0]:
-            out.setdefault(a, out_spec[0])
     return out

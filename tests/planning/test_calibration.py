@@ -636,10 +636,12 @@ def test_four_untried_backbones_are_in_their_bands_and_under_only_where_the_limi
 def test_ten_more_backbones_keep_their_language_models_within_11_percent_and_are_under_only_where_the_docs_say():
     """The ten keras-hub backbones of `--more-backbones` on every mesh of 8: the two language models within 10%
     everywhere but Moonshine's model=8 (1.101); more than 5% under only on VideoPrism's and SegFormer's model=8
-    (SegFormer's outside its band) and DeepLabV3's batch-split meshes (its backward copies the upsampled logits'
-    cotangent transposed; BASNet's data=8 and DeepLabV3's data=2,fsdp=2,model=2 were too until "Convolutional
-    steps", the latter again since the zero pads were folded into its convolutions); DeepLabV3's model axes,
-    3.3-4.1x XLA's figure while the logits' channel split was lost at a transposed view, within 14%; the rows above
+    (SegFormer's outside its band until a layer reading a transposed view took the view's split) and DeepLabV3's
+    batch-split meshes and model=8 (its backward copies the upsampled logits' cotangent transposed and computes the
+    loss's value late; BASNet's data=8 and DeepLabV3's data=2,fsdp=2,model=2 were too until "Convolutional
+    steps", the latter again from when the zero pads were folded into its convolutions until the transposed views
+    kept their split); DeepLabV3's model axes, 3.3-4.1x XLA's figure while the logits' channel split was lost at a
+    transposed view, within 16%; the rows above
     their band's top are meshes with fsdp of DepthAnything and BASNet (and RetinaNet's until the pads were folded;
     DepthAnything's data=2,fsdp=2,model=2 and BASNet's fsdp=2,model=4 since the model-axis band's floor rose to 0.81),
     and DepthAnything's data=8 (docs/plan.md, "Ten more backbones")."""
@@ -651,17 +653,14 @@ def test_ten_more_backbones_keep_their_language_models_within_11_percent_and_are
     }
     assert all(0.95 <= r["ratio"] <= 1.11 for r in rows if r["config"].split()[0] in ("qwen", "moonshine"))
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
-    deeplab = {"data=8", "data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8"}
-    deeplab |= {"data=2,fsdp=2,model=2"}
+    deeplab = {"data=8", "data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8", "model=8"}
     assert under == {("videoprism", "model=8"), ("segformer", "model=8")} | {("deeplabv3", m) for m in deeplab}
     below = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"] and r["ratio"] < 1}
-    assert below == {("segformer", "model=8")} | {
-        ("deeplabv3", m) for m in ("data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8")
-    }
+    assert below == {("deeplabv3", m) for m in ("data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8")}
     above = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"] and r["ratio"] > 1}
     assert len(above) == 8 and {f for f, _ in above} == {"depth_anything", "basnet"}
     assert all("fsdp" in mesh for f, mesh in above - {("depth_anything", "data=8")})
-    assert all(r["ratio"] < 1.14 for r in rows if r["config"].startswith("deeplabv3") and "model" in r["mesh"])
+    assert all(r["ratio"] < 1.16 for r in rows if r["config"].startswith("deeplabv3") and "model" in r["mesh"])
 
 
 def test_keras_hub_tasks_whole_keep_their_language_models_within_10_percent_on_every_mesh():

@@ -8,8 +8,6 @@ from jax.lax import GatherDimensionNumbers
 import kdist
 from kdist.planning.facts import ModelFacts
 from kdist.planning.propagation import (
-    _conv_gathered,
-    _conv_partial,
     _gathered,
     _reshape,
     _rule,
@@ -128,6 +126,23 @@ def test_a_transposed_view_keeps_the_split_of_the_buffer_it_views():
     splits = _splits(traced, {"up/kernel": {"model": 1}})
     wide = _buffers(traced.step, (TRACE_BATCH, SEQUENCE, WIDTH))
     assert wide and all(splits[g] == {"model": 2} for g in wide)
+
+
+def _transposed_output_read_by_a_layer():
+    tokens = keras.Input((SEQUENCE,), dtype="int32")
+    h = keras.layers.Embedding(VOCABULARY, HIDDEN, name="token_table")(tokens)
+    return keras.Model(tokens, keras.layers.Activation("tanh", name="reader")(_TransposedProjection(name="up")(h)))
+
+
+def test_a_layer_reading_a_transposed_view_takes_the_views_split_not_one_fitted_from_the_buffers_shape():
+    """The next layer reads the view, (batch, width, sequence), whose width the kernel splits; its buffer lies as
+    the product wrote it, (batch, sequence, width). Fitted from the buffer's shape as a reshape's, the split landed
+    on the sequence (SegFormer's upsampled features, concatenated on their split channels, were counted split on
+    their width and not gathered by the convolution reading them)."""
+    traced = _traced(_transposed_output_read_by_a_layer)
+    splits = _splits(traced, {"up/kernel": {"model": 1}})
+    read = _buffers(traced.step, (TRACE_BATCH, WIDTH, SEQUENCE))
+    assert read and all(splits[g] == {"model": 1} for g in read)
 
 
 def test_weights_split_on_no_axis_split_nothing():
@@ -337,18 +352,6 @@ def test_a_depthwise_convolution_keeps_its_input_split_on_the_channels_its_kerne
     splits, _, _ = _split_axes(traced, CHANNELS)
     assert splits[_input_of(traced.step, "depthwise")] == {"model": 3}  # each device convolves its own channels
     assert splits[_input_of(traced.step, "second")] == {}
-
-
-def test_a_convolution_gathers_and_sums_as_its_operands_splits_say():
-    numbers = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))  # NHWC images, HWIO kernels
-    images, kernel, depthwise = (4, 8, 8, 16), (3, 3, 16, 32), (3, 3, 1, 16)
-    assert _conv_gathered(numbers, [{"model": 3}, {"model": 3}], [images, kernel]) == [{"model"}, set()]
-    assert _conv_gathered(numbers, [{"model": 3}, {"model": 2}], [images, kernel]) == [set(), set()]
-    assert _conv_partial(numbers, [{"model": 3}, {"model": 2}], [images, kernel])  # row-parallel: a partial sum
-    assert _conv_partial(numbers, [{}, {"model": 2}], [images, kernel])  # each device reads its slice
-    assert not _conv_partial(numbers, [{}, {"model": 3}], [images, kernel])
-    assert _conv_gathered(numbers, [{"model": 3}, {"model": 3}], [images, depthwise]) == [set(), set()]
-    assert not _conv_partial(numbers, [{"model": 3}, {"model": 3}], [images, depthwise])
 
 
 class _RunningSum(keras.layers.Layer):
