@@ -12,8 +12,8 @@ import numpy as np
 from kdist.planning import comm
 
 
-def reduction_order_lasts(step, factor, axes, remat=False):
-    """Each buffer's last read when weight-gradient kernels wait, or None on one device (nothing waits).
+def reduction_order(step, factor, axes, remat=False):
+    """(born, last) of each buffer when weight-gradient kernels wait, or None on one device (nothing waits).
 
     XLA:GPU combines the gradients' reductions into groups of up to
     `comm.COMBINE_THRESHOLD`, and its scheduler runs a weight-gradient kernel near the
@@ -25,25 +25,30 @@ def reduction_order_lasts(step, factor, axes, remat=False):
     their gradients, and the operands of each (the layer's input and output
     cotangent) stay alive until the group's last kernel (docs/plan.md); a
     reduction whose sums the input gradient needs too (BatchNormalization's)
-    runs at once (`Step.gradient_kernels`). On a remat step over fsdp without a
-    model axis a kernel waits at most until the next block's recomputed forward
-    gathers its weights again: XLA's scheduler overlaps that all-gather with
-    the kernels waiting (Llama 3 with remat on fsdp=8 holds only the running
-    block's MLP cotangents at its peak; on fsdp=4,model=2 it holds the block
-    before's too: `_next_block_gathers`).
+    runs at once (`Step.gradient_kernels`). A kernel that waits makes its
+    outputs (the gradient, and under fsdp its whole local copy) where it runs:
+    they are born there, not where the trace makes them. On a remat step over
+    fsdp without a model axis a kernel waits at most until the next block's
+    recomputed forward gathers its weights again: XLA's scheduler overlaps that
+    all-gather with the kernels waiting (Llama 3 with remat on fsdp=8 holds only
+    the running block's MLP cotangents at its peak; on fsdp=4,model=2 it holds
+    the block before's too: `_next_block_gathers`).
     """
     if math.prod(axes.values()) == 1:
         return None
-    _, last, _, _ = step.lifetimes()
-    last = last.copy()
+    born, last, _, _ = step.lifetimes()
+    born, last = born.copy(), last.copy()
     sizes = np.asarray(step.size, dtype=np.float64) * factor
     runs_by = _next_block_gathers(step, sizes) if remat and axes.get("model", 1) == 1 else {}
     kernel_events = iter([u for u, _, _ in step.gradient_kernels()])  # the order `reduction_groups` keeps
     for t, reads in reduction_groups(step, sizes):
         for reads_of_kernel in reads:
-            by = min(t, runs_by.get(next(kernel_events), t))
+            u = next(kernel_events)
+            by = min(t, runs_by.get(u, t))
             last[reads_of_kernel] = np.maximum(last[reads_of_kernel], by)
-    return last
+            made = [g for g in step.events[u][0] if step.term[g] in ("gradients", "unreduced")]
+            born[made], last[made] = by, np.maximum(last[made], by)
+    return born, last
 
 
 def _next_block_gathers(step, sizes):

@@ -21,7 +21,7 @@ from kdist.meshes.layout import shard_bytes, split_by
 from kdist.planning import model_splits
 from kdist.planning.branches import with_deferred_branches
 from kdist.planning.column_reductions import FEWEST_ROWS, RACE_FREE_COLUMNS
-from kdist.planning.gradient_waits import reduction_groups, reduction_order_lasts
+from kdist.planning.gradient_waits import reduction_groups, reduction_order
 from kdist.planning.timeline import TERMS
 from kdist.planning.trace import TRACE_BATCH
 from kdist.units import is_float, itemsize
@@ -137,13 +137,13 @@ def memory_terms(facts, rows, axes, batch_size):
         def swept(last, deferred=False):  # live bytes per term after each event, the copies gathered again among
             # the gathered; `deferred`: with a branch of the backward run late where that costs most
             last = merged_gemm_lasts(traced.step, last, factor, axes)
-            curves = traced.step.sweep(factor, last)
+            curves = traced.step.sweep(factor, last, born)
             if deferred:
                 curves = with_deferred_branches(traced.step, curves, factor, last)
             return curves | {"gathered": curves["gathered"] + copies}
 
         overlap = collectives_overlap(traced.step, axes)  # XLA's scheduler reorders the step
-        ordered = reduction_order_lasts(traced.step, factor, axes, traced.remat)
+        born, ordered = reduction_order(traced.step, factor, axes, traced.remat) or (None, None)
         curves = swept(scheduler_lasts(traced.step, ordered, axes), deferred=overlap)
         t = int(sum(curves.values()).argmax())
         live = {term: int(curves[term][t]) for term in TERMS} | {"workspace": 0}

@@ -403,13 +403,13 @@ class Step:
             for u in reductions
         )
 
-    def sweep(self, factor, last=None):
+    def sweep(self, factor, last=None, born=None):
         """Live bytes after each event, per term ({term: array}), with each buffer's size times `factor`.
 
-        `last`: each buffer's last read where a candidate's schedule moves kernels (default: the trace order's).
+        `last` and `born` (default: the trace's): each buffer's last read and birth where a schedule moves kernels.
         """
-        born, traced_last, external, reused = self.lifetimes()
-        last = traced_last if last is None else last
+        traced_born, traced_last, external, reused = self.lifetimes()
+        born, last = traced_born if born is None else born, traced_last if last is None else last
         if len(reused):  # a buffer read later than its overwriting kernel is not overwritten
             reused = reused[last[reused] == traced_last[reused]]
         n_events = len(self.events)

@@ -122,7 +122,7 @@ def test_a_weight_gradient_cast_to_float32_is_no_branch():
 def test_a_plan_on_several_devices_counts_the_deferred_branch_and_one_device_does_not(monkeypatch):
     """On data=2 XLA's latency-hiding scheduler may run the decoder's query path late: the plan's peak counts it.
     One device has no collectives to hide and keeps the trace's order."""
-    model = kdist.abstract_model(functools.partial(_encoder_decoder, width=256, source_length=512, target_length=128))
+    model = kdist.abstract_model(functools.partial(_encoder_decoder, width=256, source_length=1024, target_length=128))
     plan = lambda devices: kdist.plan(model, devices, batch_size=16).candidates[0].peak  # noqa: E731
     deferred, alone = plan(2), plan(1)
     monkeypatch.setattr(memory_model, "with_deferred_branches", lambda step, curves, factor, last: curves)

@@ -228,13 +228,14 @@ def test_configs_no_band_cites_fall_in_the_band_of_their_class():
 def test_three_cnns_with_max_pools_held_out_are_none_of_them_under_since_centred_inputs_are_counted():
     """VGG16, VGG19 and Xception (`--cnns-max-pools`), compiled after the late-indices rule: Xception's data=8,
     data=2,fsdp=4 and fsdp=8 were more than 5% under (0.919-0.935) until the centred inputs of its BatchNormalizations
-    on 8 x 8 maps, which XLA writes out, were counted (1.000-1.019; docs/plan.md, "Convolutional steps")."""
+    on 8 x 8 maps, which XLA writes out, were counted (1.000-1.019; 0.999-1.135 since a waiting kernel's gradient is
+    born where it runs; docs/plan.md, "Convolutional steps")."""
     rows = _rows(CNNS_MAX_POOLS)
     assert len(rows) == 30 and {r["config"].split()[0] for r in rows} == {"vgg16", "vgg19", "xception"}
     under = sorted((r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r))
     assert under == []
     xception = [r["ratio"] for r in rows if r["config"].startswith("xception") and "model" not in r["mesh"]]
-    assert min(xception) >= 1.0
+    assert min(xception) >= 0.99
     assert all(r["band_class"].endswith(" cnns") for r in rows)
 
 
@@ -264,14 +265,15 @@ def _above_the_band_top(rows, family="transformer", high=0.0):
     return above
 
 
-def test_on_16_devices_no_held_out_row_exceeds_the_top_of_its_band():
-    """Four held-out families on 16 devices (`--families-held-out --devices 16`): no row above its band's top, the
-    unsafe side. T5's model=8 meshes (0.897-0.906), a known limit of docs/plan.md ("Sixteen devices"), were until the
-    model-axis band's top rose to 1.12 (2026-12-06); Gemma 3's fsdp meshes came inside when the band's top took the
-    cuBLAS workspace."""
+def test_on_16_devices_only_t5s_data_2_model_8_exceeds_the_top_of_its_class_band():
+    """Four held-out families on 16 devices (`--families-held-out --devices 16`): one row above its class band's top,
+    the unsafe side: T5's data=2,model=8 (0.896), a known limit of docs/plan.md ("Sixteen devices") inside the band of
+    an activation several layers read. Its model=8 meshes were above it until the model-axis band's top rose to 1.12
+    and this one is again since it came back to 1.10 (2026-12-06); Gemma 3's fsdp meshes came inside when the band's
+    top took the cuBLAS workspace."""
     rows = _rows(FAMILIES_HELD_OUT_16)
     assert len({r["config"] for r in rows}) == 4 and len(rows) == 60
-    assert not _above_the_band_top(rows)
+    assert _above_the_band_top(rows) == {("t5", "data=2,model=8")} and all(r["in_band"] for r in rows if r["ratio"] < 1)
 
 
 def test_on_4_devices_the_held_out_families_never_exceed_the_top_of_their_band():
@@ -305,16 +307,17 @@ def test_at_1024_tokens_the_held_out_families_never_exceed_the_top_of_their_band
 
 def test_at_hidden_512_and_4_layers_the_held_out_families_keep_their_bands_top_and_the_safety_rule_but_one():
     """Ten held-out families at twice the width and depth (`--width 512,4`): sizes no band was drawn from. Gemma 3's
-    model=8 is the exception to the safety rule (0.894): XLA keeps more of the residual stream's cotangents whole in
-    the backward than the estimate does; it was above its band's top too until that rose to 1.12 (docs/plan.md,
-    "Wider and deeper")."""
+    model=8 is the exception to the safety rule (0.892): XLA keeps more of the residual stream's cotangents whole in
+    the backward than the estimate does; it is above its band's top too, as it was until that rose to 1.12, and
+    again since it came back to 1.10 with the gradients born where their kernels run (docs/plan.md, "Wider and
+    deeper")."""
     rows = _rows(FAMILIES_HELD_OUT_H512)
     assert len({r["config"] for r in rows}) == 10 and len(rows) == 100
     assert all(" h512 4 layers " in r["config"] for r in rows)
     assert {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)} == {
         ("gemma3", "model=8")
     }
-    assert not _above_the_band_top(rows)
+    assert _above_the_band_top(rows) == {("gemma3", "model=8")}
 
 
 def test_at_hidden_1024_in_bfloat16_the_held_out_families_are_under_only_on_model_axes_and_inside_their_bands():
@@ -347,14 +350,14 @@ def test_on_16_devices_at_hidden_1024_in_bfloat16_t5_is_within_10_percent_and_on
 
 def test_on_16_devices_at_hidden_512_gemma_3s_fsdp_is_safe_and_only_model_axes_of_8_exceed_the_top():
     """Gemma 3 and T5 on 16 devices at hidden 512 and 4 layers: Gemma 3's fsdp meshes, above their band's top at
-    hidden 256, are within 5%; Gemma 3's batch-split model axes of 8 stay above it (T5's, 0.891-0.902, came inside
-    when the model-axis band's top rose to 1.12; docs/plan.md, "Wider and deeper")."""
+    hidden 256, are within 5%; Gemma 3's batch-split model axes of 8 stay above it, and T5's (0.890-0.901), inside
+    while the model-axis band's top was 1.12, are again since it is 1.10 (docs/plan.md, "Wider and deeper")."""
     rows = _rows(FAMILIES_HELD_OUT_16_H512)
     assert {r["config"].split()[0] for r in rows} == {"gemma3", "t5"} and len(rows) == 30
     batch_split = [r for r in rows if r["config"].startswith("gemma3") and "model" not in r["mesh"]]  # fsdp, data
     assert len(batch_split) == 5 and not any(_more_than_5_percent_under(r) for r in batch_split)
     above = _above_the_band_top(rows)
-    assert above == {("gemma3", m) for m in ("fsdp=2,model=8", "data=2,model=8")}
+    assert above == {(f, m) for f in ("gemma3", "t5") for m in ("fsdp=2,model=8", "data=2,model=8")}
 
 
 def test_on_32_devices_two_held_out_families_keep_the_safety_rule_and_their_bands_top():
@@ -437,38 +440,33 @@ def test_on_10_devices_at_hidden_320_none_is_under_and_the_rows_outside_their_ba
 def test_on_7_devices_none_is_under_and_the_rows_outside_their_band_are_over_it():
     """The twelve held-out families on 7 devices, a prime count, at hidden 448 (`--devices 7 --batch 28 --width
     448,2`), which 7 divides: data=7, fsdp=7 and model=7 (each head's size split: 8 heads). No row is more than 5%
-    under (T5's fsdp=7 and model=7 were until its q/k/v copies); the rows outside their bands are over them: three
-    data-parallel rows (ELECTRA, ALBERT and ESM, as on 4 devices) and SmolLM3's model=7 (1.294, since the model-axis
-    band's floor rose to 0.81; docs/plan.md, "Seven and three devices, held out")."""
+    under (T5's fsdp=7 and model=7 were until its q/k/v copies); the one row outside its band is over it: SmolLM3's
+    model=7 (1.290, since the model-axis band's floor rose to 0.81). ELECTRA's, ALBERT's and ESM's data=7 were over
+    theirs too, as on 4 devices, until a waiting weight-gradient kernel's gradient was born where it runs
+    (docs/plan.md, "Seven and three devices, held out")."""
     rows = _rows(FAMILIES_HELD_OUT_7)
     assert len({r["config"] for r in rows}) == 12 and len(rows) == 36
     assert {r["mesh"] for r in rows} == {"data=7", "fsdp=7", "model=7"}
     under = [(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)]
     assert not under and min(r["ratio"] for r in rows) > 0.95
     outside = [r for r in rows if not r["in_band"]]
-    assert {(r["config"].split()[0], r["mesh"]) for r in outside} == {
-        ("electra", "data=7"),
-        ("albert", "data=7"),
-        ("esm", "data=7"),
-        ("smollm3", "model=7"),
-    }
+    assert {(r["config"].split()[0], r["mesh"]) for r in outside} == {("smollm3", "model=7")}
     assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in outside)
     assert not _above_the_band_top(rows)
 
 
 def test_on_3_devices_no_held_out_family_is_under_and_those_outside_their_band_are_over_it():
     """The twelve on 3 devices at hidden 384 (`--devices 3 --batch 24 --width 384,2`): none more than 5% under, and
-    the rows outside their band are over its floor: ELECTRA's, ALBERT's and ESM's data=3, FNet's fsdp=3, SmolLM3's
-    model=3 (since the model-axis band's floor rose to 0.81; docs/plan.md, "Seven and three devices, held out")."""
+    the rows outside their band are over its floor: ALBERT's data=3, FNet's fsdp=3, SmolLM3's model=3 (since the
+    model-axis band's floor rose to 0.81); ELECTRA's and ESM's data=3 until a waiting weight-gradient kernel's
+    gradient was born where it runs (docs/plan.md, "Seven and three devices, held out")."""
     rows = _rows(FAMILIES_HELD_OUT_3)
     assert len({r["config"] for r in rows}) == 12 and len(rows) == 36
     assert {r["mesh"] for r in rows} == {"data=3", "fsdp=3", "model=3"}
     assert not any(_more_than_5_percent_under(r) for r in rows)
     outside = [r for r in rows if not r["in_band"]]
     assert {(r["config"].split()[0], r["mesh"]) for r in outside} == {
-        ("electra", "data=3"),
         ("albert", "data=3"),
-        ("esm", "data=3"),
         ("f_net", "fsdp=3"),
         ("smollm3", "model=3"),
     }
@@ -494,12 +492,14 @@ def test_on_4_devices_the_held_out_cnns_are_under_only_where_they_are_on_8_and_u
 def test_the_held_out_cnns_in_bfloat16_stay_under_the_16_bit_bands_top_and_outside_it_only_over():
     """ResNet50, InceptionV3 and ConvNeXtTiny in bfloat16 on every mesh of 8 (`--cnns-held-out --dtype bfloat16`):
     XLA's figure under every row's band top (the 16-bit band's 1.15x where it is wider than the class's); the rows
-    more than 5% under are ResNet50's two fsdp meshes of 4 and 8; the two outside their band are InceptionV3's fsdp x
-    model meshes, over it (docs/plan.md, "Three CNNs in bfloat16, held out")."""
+    more than 5% under are ResNet50's three fsdp meshes (data=4,fsdp=2 since a waiting kernel's gradient is born
+    where it runs); the two outside their band are InceptionV3's fsdp x model meshes, over it (docs/plan.md, "Three
+    CNNs in bfloat16, held out")."""
     rows = _rows(CNNS_HELD_OUT_BF16)
     assert len(rows) == 30 and all(r["config"].split()[1] == "bfloat16" for r in rows)
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
-    assert under == {("resnet50", "data=2,fsdp=4"), ("resnet50", "fsdp=8")} and min(r["ratio"] for r in rows) > 0.93
+    assert under == {("resnet50", m) for m in ("data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8")}
+    assert min(r["ratio"] for r in rows) >= 0.93
     assert not _above_the_band_top(rows, "cnn", MIXED_PRECISION_HIGH)
     outside = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"]}
     assert outside == {("inceptionv3", "fsdp=4,model=2"), ("inceptionv3", "fsdp=2,model=4")}
@@ -529,7 +529,11 @@ def test_on_12_devices_at_hidden_384_every_mesh_is_in_its_band_and_t5s_heads_are
     assert {r["config"].split()[0] for r in rows} == {"llama3", "xlm_roberta", "gemma3", "t5"} and len(rows) == 72
     assert {"fsdp=12", "data=4,model=3", "data=2,model=6", "model=12"} <= {r["mesh"] for r in rows}
     assert not _above_the_band_top(rows)
-    assert not any(_more_than_5_percent_under(r) for r in rows)  # T5's, down to 0.935, until its q/k/v copies
+    # T5's were, down to 0.935, until its q/k/v copies; Gemma 3's three since a waiting kernel's gradient is born where
+    # it runs (0.936-0.946: its estimate had held each gradient and its kernel's operands at once)
+    under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
+    assert under == {("gemma3", m) for m in ("data=6,fsdp=2", "data=3,fsdp=4", "data=3,model=4")}
+    assert all(r["ratio"] > 0.93 for r in rows)
     t5 = {r["mesh"]: r["ratio"] for r in rows if r["config"].startswith("t5")}
     # 1.039-1.040 since its normalized values are counted gathered again on a model axis of 3 (1.098-1.101 before)
     assert all(0.95 <= t5[m] <= 1.05 for m in ("data=4,model=3", "data=2,fsdp=2,model=3", "fsdp=4,model=3"))
@@ -550,10 +554,18 @@ def test_on_24_devices_only_t5s_data_3_model_8_is_above_its_bands_top():
     above = _above_the_band_top(rows)
     assert above == {("t5", "data=3,model=8")}
     under = [r for r in rows if _more_than_5_percent_under(r)]
-    assert {r["config"].split()[0] for r in under} == {"t5", "gemma3", "xlm_roberta"}
+    assert {r["config"].split()[0] for r in under} == {"t5", "gemma3", "xlm_roberta", "llama3"}
     xlm_roberta = {r["mesh"] for r in under if r["config"].startswith("xlm_roberta")}
-    assert xlm_roberta == {"data=6,model=4", "fsdp=3,model=8"}  # "Gathered again"; the second since counted once
-    assert all(r["ratio"] > 0.92 for r in under if (r["config"].split()[0], r["mesh"]) not in above)
+    batch_beside_model = {
+        "data=2,fsdp=6,model=2",
+        "data=3,fsdp=4,model=2",
+        "data=4,fsdp=3,model=2",
+        "data=6,fsdp=2,model=2",
+    }
+    # data=6,model=4 since "Gathered again"; the four beside a model axis of 2 since a waiting weight-gradient kernel's
+    # gradient is born where it runs (0.940-0.949), as are Llama 3's three and most of Gemma 3's
+    assert xlm_roberta == {"data=6,model=4"} | batch_beside_model
+    assert all(r["ratio"] > 0.90 for r in under if (r["config"].split()[0], r["mesh"]) not in above)
 
 
 def test_two_backbones_added_last_keep_the_safety_rule_and_their_bands_on_every_mesh_of_8():
@@ -571,9 +583,10 @@ def test_the_two_backbones_added_last_stay_in_their_bands_in_bfloat16_and_on_16_
     """`--newest-families --dtype bfloat16` and `--devices 16`: on 16 every row in its band; T5Gemma's fsdp=4,model=4
     (0.816, where XLA holds each layer's MLP width whole: docs/plan.md, "Gathered again") and fsdp=2,model=8 (0.861
     since each buffer gathered again is counted once) only in the band of an activation several layers read
-    (`SHARED_INPUT_HIGH`), above their class's top; on 16 T5Gemma's three fsdp meshes more than 5% under too
-    (0.937-0.944). In bfloat16 none under, and the rows outside their band are T5Gemma's data=2,model=4 and
-    fsdp=2,model=4, over it (1.25, since the model-axis band's floor rose to 0.81)."""
+    (`SHARED_INPUT_HIGH`), above their class's top; on 16 T5Gemma's four batch-split meshes without a model axis more
+    than 5% under too (0.932-0.943; data=8,fsdp=2 since a waiting kernel's gradient is born where it runs), and
+    Gemma 4's fsdp=16 (0.950, likewise). In bfloat16 none under, and the rows outside their band are T5Gemma's
+    data=2,model=4 and fsdp=2,model=4, over it (1.25, since the model-axis band's floor rose to 0.81)."""
     in_bf16 = _rows(NEWEST_FAMILIES_BFLOAT16)
     assert len(in_bf16) == 20 and not any(_more_than_5_percent_under(r) for r in in_bf16)
     outside = [r for r in in_bf16 if not r["in_band"]]
@@ -585,23 +598,25 @@ def test_the_two_backbones_added_last_stay_in_their_bands_in_bfloat16_and_on_16_
     assert len(on_16) == 30 and all(r["in_band"] for r in on_16)
     assert _above_the_band_top(on_16) == {("t5gemma", "fsdp=4,model=4"), ("t5gemma", "fsdp=2,model=8")}
     under = {(r["config"].split()[0], r["mesh"]) for r in on_16 if _more_than_5_percent_under(r)}
-    fsdp = ("data=4,fsdp=4", "data=2,fsdp=8", "fsdp=16")
-    assert under == {("t5gemma", m) for m in (*fsdp, "fsdp=4,model=4", "fsdp=2,model=8")}
+    fsdp = ("data=8,fsdp=2", "data=4,fsdp=4", "data=2,fsdp=8", "fsdp=16")
+    assert under == {("t5gemma", m) for m in (*fsdp, "fsdp=4,model=4", "fsdp=2,model=8")} | {("gemma4", "fsdp=16")}
 
 
 def test_nine_more_backbones_name_the_rows_outside_their_bands():
     """T5Gemma 2, Gemma 3n, PaliGemma, ViTDet, MiT and four CNNs (`--other-backbones`), compiled after every rule: four
     rows more than 5% under, all inside their bands (Gemma 3n's model=8, outside its band until the model-axis band's
-    top rose to 1.12, and its fsdp=2,model=4 since the larger operand's split wins; MiT's model=8 and the ResNet's
-    data=8, since the zero pads folded into their convolutions); the 12 rows outside their bands are over, the most
-    keras-hub's ResNet with basic blocks (16 until "Convolutional steps", 12 until the pads were folded, 9 until the
-    model-axis band's floor rose to 0.81; docs/plan.md, "Nine more backbones, held out")."""
+    top rose to 1.12, its fsdp=2,model=4 since the larger operand's split wins and its fsdp=8 (0.949) since a waiting
+    kernel's gradient is born where it runs; MiT's model=8 and the ResNet's data=8, since the zero pads folded into
+    their convolutions); the 10 rows outside their bands are over, the most keras-hub's ResNet with basic blocks (16
+    until "Convolutional steps", 12 until the pads were folded, 9 until the model-axis band's floor rose to 0.81, 12
+    until the gradients were born where their kernels run; docs/plan.md, "Nine more backbones, held out")."""
     rows = _rows(OTHER_BACKBONES)
     assert len(rows) == 90 and len({r["config"] for r in rows}) == 9
     under = [r for r in rows if _more_than_5_percent_under(r)]
     assert {(r["config"].split()[0], r["mesh"], r["in_band"]) for r in under} == {
         ("gemma3n", "model=8", True),
         ("gemma3n", "fsdp=2,model=4", True),
+        ("gemma3n", "fsdp=8", True),
         ("mit", "model=8", True),
         ("resnet", "data=8", True),
     }
@@ -609,7 +624,7 @@ def test_nine_more_backbones_name_the_rows_outside_their_bands():
     cnns = {"vgg", "resnet", "xception", "hgnetv2"}
     assert all(r["band_class"].endswith(" cnns") == (r["config"].split()[0] in cnns) for r in rows)
     outside = [r for r in rows if not r["in_band"]]
-    assert len(outside) == 12 and all(r["ratio"] > 1.10 for r in outside)
+    assert len(outside) == 10 and all(r["ratio"] > 1.10 for r in outside)
     assert max(outside, key=lambda r: r["ratio"])["config"].startswith("resnet basic")
 
 
@@ -618,16 +633,20 @@ def test_four_untried_backbones_are_in_their_bands_and_under_only_where_the_limi
     every row in its band; more than 5% under only on Qwen-MoE's meshes that mix fsdp and model (the experts' tokens
     of every device, "Mixture-of-experts layers under fsdp") and on the vision encoders' model=8 and fsdp=2,model=4
     (since each buffer gathered again is counted once; SigLIP's compile also holds a copy of the input images there),
-    steps under 100 MB (docs/plan.md, "Four untried backbones, held out"; "Gathered again")."""
+    and, since a waiting kernel's gradient is born where it runs, on CLIP's batch-split meshes and SigLIP's fsdp=8:
+    steps under 100 MB, where XLA's heap exceeds the most bytes alive at once (CLIP's data=8: 36.8 MB against
+    32.5 MB), a fragmentation the estimate does not model (docs/plan.md, "Four untried backbones, held out";
+    "Gathered again"; "Weight-gradient kernels wait for their reduction")."""
     rows = _rows(UNTRIED_BACKBONES)
     assert len(rows) == 49 and all(r["in_band"] for r in rows)
     under = [r for r in rows if _more_than_5_percent_under(r)]
     moe = {r["mesh"] for r in under if r["config"].startswith("qwen_moe")}
     assert moe == {"data=2,fsdp=2,model=2", "fsdp=4,model=2", "fsdp=2,model=4"}
     vision = [r for r in under if not r["config"].startswith("qwen_moe")]
+    batch_split = {("clip_vision", m) for m in ("data=8", "data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8")}
     assert {(r["config"].split()[0], r["mesh"]) for r in vision} == {
         (f, m) for f in ("clip_vision", "siglip_vision") for m in ("model=8", "fsdp=2,model=4")
-    }
+    } | batch_split | {("siglip_vision", "fsdp=8")}
     assert all(r["xla_gpu_deviceless"] < 100e6 for r in vision)
     cspnet = [r for r in rows if r["config"].startswith("cspnet")]
     assert all(r["band_class"].endswith(" cnns") and r["ratio"] > 0.95 for r in cspnet)
@@ -636,8 +655,10 @@ def test_four_untried_backbones_are_in_their_bands_and_under_only_where_the_limi
 def test_ten_more_backbones_keep_their_language_models_within_11_percent_and_are_under_only_where_the_docs_say():
     """The ten keras-hub backbones of `--more-backbones` on every mesh of 8: the two language models within 10%
     everywhere but Moonshine's model=8 (1.101); more than 5% under only on VideoPrism's and SegFormer's model=8
-    (SegFormer's outside its band until a layer reading a transposed view took the view's split) and DeepLabV3's
-    batch-split meshes and model=8 (its backward copies the upsampled logits' cotangent transposed and computes the
+    (SegFormer's outside its band until a layer reading a transposed view took the view's split), RetinaNet's data=8
+    (0.943, since a waiting kernel's gradient is born where it runs: XLA runs some of its convolutions' weight
+    gradients early, "Weight-gradient kernels wait for their reduction") and DeepLabV3's batch-split meshes and
+    model=8 (its backward copies the upsampled logits' cotangent transposed and computes the
     loss's value late; BASNet's data=8 and DeepLabV3's data=2,fsdp=2,model=2 were too until "Convolutional
     steps", the latter again from when the zero pads were folded into its convolutions until the transposed views
     kept their split); DeepLabV3's model axes, 3.3-4.1x XLA's figure while the logits' channel split was lost at a
@@ -654,7 +675,8 @@ def test_ten_more_backbones_keep_their_language_models_within_11_percent_and_are
     assert all(0.95 <= r["ratio"] <= 1.11 for r in rows if r["config"].split()[0] in ("qwen", "moonshine"))
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
     deeplab = {"data=8", "data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8", "model=8"}
-    assert under == {("videoprism", "model=8"), ("segformer", "model=8")} | {("deeplabv3", m) for m in deeplab}
+    models = {("videoprism", "model=8"), ("segformer", "model=8"), ("retinanet", "data=8")}
+    assert under == models | {("deeplabv3", m) for m in deeplab}
     below = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"] and r["ratio"] < 1}
     assert below == {("deeplabv3", m) for m in ("data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8")}
     above = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"] and r["ratio"] > 1}
@@ -712,14 +734,16 @@ def test_at_64_tokens_only_xlm_robertas_model_8_is_under_and_inside_its_band():
 
 
 def test_two_families_never_compiled_before_stay_under_the_top_of_their_band():
-    """RoFormerV2 and Whisper (`--families-unseen`): Whisper's model=8 is 0.941, inside the model-axis class's band
+    """RoFormerV2 and Whisper (`--families-unseen`): Whisper's model=8 is 0.937, inside the model-axis class's band
     since the branches of its backward may run late, its fsdp=2,model=4 0.926 since the copies gathered again are
-    counted split, 0.913 since each once (docs/plan.md, "Two families never compiled before", "Gathered again")."""
+    counted split, 0.913 since each once, 0.910 since a waiting kernel's gradient is born where it runs, which took
+    its fsdp=8 and data=2,fsdp=4 to 0.947-0.950 (docs/plan.md, "Two families never compiled before", "Gathered
+    again")."""
     rows = _rows(FAMILIES_UNSEEN)
     assert {r["config"].split()[0] for r in rows} == {"roformer_v2", "whisper"} and len(rows) == 20
     assert not _above_the_band_top(rows)
-    assert all(r["estimate"] >= 0.91 * r["xla_gpu_deviceless"] for r in rows)
-    assert not any(_more_than_5_percent_under(r) for r in rows if "model" not in r["mesh"])
+    assert all(r["estimate"] >= 0.90 * r["xla_gpu_deviceless"] for r in rows)
+    assert all(r["ratio"] >= 0.945 for r in rows if "model" not in r["mesh"])
 
 
 @pytest.mark.parametrize(
@@ -893,8 +917,8 @@ def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():
     assert classes["model=8"] == classes["data=2,fsdp=2,model=2"] == "model-axis transformers"
     data, model8 = result.candidate("data=8"), result.candidate("model=8")
     assert data.band == (int(data.peak * 0.91), int(data.peak * 1.15) + GEMM_WORKSPACE)
-    assert model8.band == (int(model8.peak * 0.81), int(model8.peak * 1.12) + GEMM_WORKSPACE)
-    assert any("model-axis transformers -19%/+12%" in note for note in result.notes)
+    assert model8.band == (int(model8.peak * 0.81), int(model8.peak * 1.10) + GEMM_WORKSPACE)
+    assert any("model-axis transformers -19%/+10%" in note for note in result.notes)
     assert result.recommendation.band_class in result.reason
 
 
@@ -922,19 +946,20 @@ def test_16_bit_compute_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
 
 def test_on_16_devices_mixed_bfloat16_rows_stay_under_the_top_of_the_16_bit_band():
     """Falcon and Qwen3 in mixed_bfloat16 on every mesh of 16 devices (`--mixed-precision --devices 16`), held out:
-    steps of 33-78 MB, 6 of them more than 5% under, all under the 16-bit band's top with the cuBLAS workspace
-    (docs/plan.md, "Mixed precision")."""
+    steps of 33-78 MB, 8 of them more than 5% under (6 until a waiting kernel's gradient was born where it runs), all
+    under the 16-bit band's top with the cuBLAS workspace (docs/plan.md, "Mixed precision")."""
     rows = _rows(MIXED_PRECISION_16)
     assert {r["config"].split()[0] for r in rows} == {"falcon", "qwen3"} and len(rows) == 30
     assert all(r["xla_gpu_deviceless"] <= r["estimate"] * MIXED_PRECISION_HIGH + GEMM_WORKSPACE for r in rows)
-    assert sum(_more_than_5_percent_under(r) for r in rows) == 6  # 18 before the float32 norm products
+    assert sum(_more_than_5_percent_under(r) for r in rows) == 8  # 18 before the float32 norm products
 
 
 def test_mixed_float16_rows_stay_under_the_top_of_the_16_bit_band():
     """The same eight families in mixed_float16 (`--mixed-float16`): XLA's figure is under the band's top on every
     mesh, and with float16 exp, divide and tanh counted as expensive (as XLA keeps them) the families more than 5%
-    under somewhere are those that are in mixed_bfloat16 (with them cheap, RoBERTa and T5 were too; Qwen3 was in
-    both until its float32 norm products were counted)."""
+    under somewhere are those that are in mixed_bfloat16 (with them cheap, T5 was too; Qwen3 was in both until its
+    float32 norm products were counted; RoBERTa is in both since a waiting kernel's gradient is born where it runs,
+    0.949 on data=4,model=2)."""
     rows = _rows(MIXED_FLOAT16)
     assert len({r["config"] for r in rows}) == 8 and len(rows) == 80
     assert all(r["xla_gpu_deviceless"] <= r["estimate"] * MIXED_PRECISION_HIGH for r in rows)
@@ -943,7 +968,7 @@ def test_mixed_float16_rows_stay_under_the_top_of_the_16_bit_band():
     def families_under(rows, field="estimate"):
         return {r["config"].split()[0] for r in rows if r[field] < 0.95 * r["xla_gpu_deviceless"]}
 
-    assert families_under(rows) == families_under(bfloat16) == {"falcon", "gpt_neox", "bart"}
+    assert families_under(rows) == families_under(bfloat16) == {"falcon", "gpt_neox", "bart", "roberta"}
     assert families_under(rows, "estimate_before_float16_rule") > families_under(rows)
 
 

@@ -8,7 +8,7 @@ import pytest
 import kdist
 from kdist.jax_internals import cuda_plugin_installed
 from kdist.planning.column_reductions import FEWEST_ROWS, RACE_FREE_COLUMNS
-from kdist.planning.gradient_waits import reduction_groups, reduction_order_lasts
+from kdist.planning.gradient_waits import reduction_groups, reduction_order
 from tests.planning.test_convolutions import _traced
 
 
@@ -82,7 +82,7 @@ def test_a_16_bit_norms_scale_gradient_sums_a_float32_product_that_waits_for_the
         assert step.column_rows[product] == 64
         assert data[product] > 0 and model[product] == 0  # 64 x 64 rows a device, and 512 x 64
     ((group_end, _),) = reduction_groups(step, np.asarray(step.size, dtype=np.float64) * data)
-    lasts = reduction_order_lasts(step, data, {"data": 8})
+    lasts = reduction_order(step, data, {"data": 8})[1]
     assert all(last[p] < group_end == lasts[p] for p in step.widened)  # held from its reduction to the group's
     assert _traced(monkeypatch, lambda: _normed_tokens("float32"))[0].widened == set()
     assert _traced(monkeypatch, lambda: _normed_tokens("bfloat16"), target="cpu")[0].widened == set()

@@ -49,9 +49,10 @@ def test_weight_and_optimizer_bytes_equal_the_inspectors_for_every_candidate(pla
         assert c.optimizer == int(report.device_bytes("optimizer").max()), c.spec
         assert c.gradients == int(report.device_bytes("trainable").max()), c.spec
         assert 0 < c.optimizer - 2 * c.gradients <= 16  # Adam: momentum and velocity per weight, and two scalars
-        # The peak holds the state, and what the step keeps alive then: a few gradients at least.
+        # The peak holds the state, and what the step keeps alive then: on several devices the weight-gradient
+        # kernels wait for their reduction and make their gradients there, so a peak in the backward may hold none.
         assert c.peak == c.weights + c.optimizer + c.activations + c.transient + c.other
-        assert 0 < c.live_gradients <= c.gradients and c.transient >= c.live_gradients
+        assert 0 <= c.live_gradients <= c.gradients and c.transient >= c.live_gradients
         if family != "mlp":  # the MLP's peak is at the end of its backward pass, its activations already freed
             assert c.activations > 0
 
