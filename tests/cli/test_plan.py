@@ -32,7 +32,8 @@ def test_plan_at_80_columns_shows_the_ranking_the_recommendation_and_why(capsys,
     text = capsys.readouterr().out
     result = kdist.plan(kdist.abstract_model(kdist.models.tiny_transformer), 8, batch_size=16, memory_per_device="16GB")
     lines = _check_80_columns(text, result)
-    ranks = [line.split()[0] for line in lines if line.strip() and line.split()[0].isdigit()]
+    # the table's rows are indented; a wrapped line of prose may begin with a number ("512 B; peak ...")
+    ranks = [line.split()[0] for line in lines if line[:1] == " " and line.strip() and line.split()[0].isdigit()]
     assert ranks == [str(i) for i in range(1, 11)]  # the whole ranking, in order
     flat = " ".join(text.split())
     assert f"Recommended: {result.recommendation.spec}" in flat
