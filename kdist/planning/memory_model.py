@@ -133,6 +133,7 @@ def memory_terms(facts, rows, axes, batch_size):
         live["unreduced"], live["workspace"], phase = 0, 0, None
     else:
         factor, copies = regathered(facts, rows, axes, buffer_factors(facts, rows, axes, local_batch))
+        born, ordered = reduction_order(traced.step, factor, axes, traced.remat) or (None, None)
 
         def swept(last, deferred=False):  # live bytes per term after each event, the copies gathered again among
             # the gathered; `deferred`: with a branch of the backward run late where that costs most
@@ -143,7 +144,6 @@ def memory_terms(facts, rows, axes, batch_size):
             return curves | {"gathered": curves["gathered"] + copies}
 
         overlap = collectives_overlap(traced.step, axes)  # XLA's scheduler reorders the step
-        born, ordered = reduction_order(traced.step, factor, axes, traced.remat) or (None, None)
         curves = swept(scheduler_lasts(traced.step, ordered, axes), deferred=overlap)
         t = int(sum(curves.values()).argmax())
         live = {term: int(curves[term][t]) for term in TERMS} | {"workspace": 0}

@@ -72,11 +72,12 @@ def test_a_waiting_kernel_makes_its_gradient_where_it_runs(monkeypatch):
     ones = np.ones(len(step.size))
     born, last = reduction_order(step, ones, {"data": 8})
     kernels = iter(step.gradient_kernels())
-    for group_end, reads in reduction_groups(step, np.asarray(step.size, dtype=np.float64)):
+    groups = reduction_groups(step, np.asarray(step.size, dtype=np.float64))
+    for group_end, reads in groups:
         for _ in reads:
             u, grads, read = next(kernels)
             assert u <= group_end and (born[grads] == group_end).all() and (last[read] >= group_end).all()
-    first_end = reduction_groups(step, np.asarray(step.size, dtype=np.float64))[0][0]
+    first_end = groups[0][0]
     made_where_traced = step.sweep(ones, last)["gradients"][step.bwd_start : first_end]
     assert (
         made_where_traced.max() > 0 and step.sweep(ones, last, born)["gradients"][step.bwd_start : first_end].max() == 0
