@@ -44,6 +44,14 @@ INLINE = {
 _BODY = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 _TRANSFORMED = re.compile(r"\w+\((.*)\)")
 _CHECKPOINT_SCOPES = ("", "rematted_computation")  # what jax.checkpoint puts on the name stack before the layer
+# A matrix product's algorithm that rounds its operands to 16 bits (`jax.lax.DotAlgorithmPreset`): XLA:GPU writes a
+# float32 operand in that type for cuBLAS (`_rounded_operands`). The _X3/_X6/_X9 presets split float32 in parts instead.
+ROUNDING_ALGORITHMS = {
+    "BF16_BF16_F32": "bfloat16",
+    "BF16_BF16_BF16": "bfloat16",
+    "F16_F16_F32": "float16",
+    "F16_F16_F16": "float16",
+}
 
 
 class Flat:
@@ -56,6 +64,7 @@ class Flat:
         self.scopes = []  # per equation: its name stack, e.g. "transpose(jvp(block))/self_attention/softmax"
         self.params = []  # per equation: the parameter `kdist.planning.propagation` reads (a loop: its `Loop`), or None
         self.fixed = {}  # value id -> a scalar fixed at trace time (a static size compared with 0), as XLA folds it
+        self.rounded = {}  # (value id, 16-bit dtype) -> its cast that matrix products read (`_rounded_operands`)
 
     def new(self, aval):
         """A new value id for an abstract value (bytes at the traced shape)."""
@@ -223,6 +232,7 @@ def flatten(jaxpr, in_ids, flat, scope="", in_values=()):
             for v, o in zip(eqn.outvars, outs):
                 env[v] = o if o is not None else flat.new(v.aval)
             continue
+        ins = _rounded_operands(eqn, ins, flat, stack)
         outs = [flat.new(v.aval) for v in eqn.outvars]
         env.update(zip(eqn.outvars, outs))
         flat.fixed.update(zip(outs, folded))
@@ -236,6 +246,33 @@ def flatten(jaxpr, in_ids, flat, scope="", in_values=()):
             flat.params.append(_params(eqn, value))
             flat.flops.append(eqn_flops(eqn))
     return [get(v) for v in jaxpr.outvars]
+
+
+def _rounded_operands(eqn, ins, flat, stack):
+    """`ins`, each float32 operand of a matrix product whose algorithm rounds its operands to 16 bits replaced by
+    a cast of it to that type, appended to `flat` before the first product reading it so (one cast for all).
+
+    jax's `dot_general` with `precision=BF16_BF16_F32` (the backward of
+    `jax.nn.dot_product_attention` in bfloat16: a float32 score gradient
+    times bfloat16 keys) lowers to `algorithm=dot_bf16_bf16_f32`, and
+    XLA:GPU writes the float32 operand as bfloat16: GPT-NeoX's compiled step
+    in bfloat16 has the softmax backward's fusion write `bf16[16,512,512]`
+    for the query and key gradients' GEMMs (docs/plan.md, "Which values are
+    buffers").
+    """
+    narrow = ROUNDING_ALGORITHMS.get(getattr(eqn.params.get("precision"), "name", None))
+    if eqn.primitive.name != "dot_general" or narrow is None:
+        return ins
+    out = []
+    for x in ins:
+        if x is not None and flat.dtype[x] == "float32" and (x, narrow) not in flat.rounded:
+            flat.rounded[x, narrow] = flat.new(jax.ShapeDtypeStruct(flat.shape[x], narrow))
+            flat.eqns.append(("convert_element_type", [x], [flat.rounded[x, narrow]]))
+            flat.scopes.append(stack)
+            flat.params.append(None)
+            flat.flops.append(0)
+        out.append(flat.rounded.get((x, narrow), x))
+    return out
 
 
 def _params(eqn, value):

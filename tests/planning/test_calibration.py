@@ -585,15 +585,14 @@ def test_the_two_backbones_added_last_stay_in_their_bands_in_bfloat16_and_on_16_
     since each buffer gathered again is counted once) only in the band of an activation several layers read
     (`SHARED_INPUT_HIGH`), above their class's top; on 16 T5Gemma's four batch-split meshes without a model axis more
     than 5% under too (0.932-0.943; data=8,fsdp=2 since a waiting kernel's gradient is born where it runs), and
-    Gemma 4's fsdp=16 (0.950, likewise). In bfloat16 none under, and the rows outside their band are T5Gemma's
-    data=2,model=4 and fsdp=2,model=4, over it (1.25, since the model-axis band's floor rose to 0.81)."""
+    Gemma 4's fsdp=16 (0.950, likewise). In bfloat16 none under and all in their band: T5Gemma's data=2,model=4 and
+    fsdp=2,model=4 were over it (1.25, since the model-axis band's floor rose to 0.81) until a float32 operand that a
+    product rounds to 16 bits was counted in 16 bits (1.22-1.23; docs/plan.md, "Which values are buffers")."""
     in_bf16 = _rows(NEWEST_FAMILIES_BFLOAT16)
     assert len(in_bf16) == 20 and not any(_more_than_5_percent_under(r) for r in in_bf16)
-    outside = [r for r in in_bf16 if not r["in_band"]]
-    assert {(r["config"].split()[0], r["mesh"]) for r in outside} == {
-        ("t5gemma", m) for m in ("data=2,model=4", "fsdp=2,model=4")
-    }
-    assert all(r["estimate"] > r["xla_gpu_deviceless"] for r in outside)
+    assert all(r["in_band"] for r in in_bf16)
+    over = {(r["config"].split()[0], r["mesh"]) for r in in_bf16 if r["ratio"] > 1.2}
+    assert over == {("t5gemma", m) for m in ("data=2,model=4", "fsdp=2,model=4")}
     on_16 = _rows(NEWEST_FAMILIES_16)
     assert len(on_16) == 30 and all(r["in_band"] for r in on_16)
     assert _above_the_band_top(on_16) == {("t5gemma", "fsdp=4,model=4"), ("t5gemma", "fsdp=2,model=8")}
@@ -714,12 +713,11 @@ def test_in_float16_throughout_two_held_out_families_are_none_5_percent_under_an
     """T5 and Qwen3 built with dtype="float16" on every mesh of 8 (`--dtype float16`; docs/plan.md, "bfloat16
     throughout, held out"): all within 10% until Qwen3's float32 norm products were counted ("A 16-bit norm's scale
     gradient, summed late"), two of its model meshes over since, one since the larger operand's split wins
-    ("Following the model axis through the step")."""
+    ("Following the model axis through the step"), none since a float32 operand that a product rounds to 16 bits is
+    counted in 16 bits (Qwen3's data=2,fsdp=2,model=2 1.129 -> 1.068; "Which values are buffers")."""
     rows = _rows(FAMILIES_HELD_OUT_FLOAT16)
     assert {r["config"] for r in rows} == {f"{f} float16 h256 2 layers b32 s256" for f in ("t5", "qwen3")}
-    assert len(rows) == 20 and all(r["ratio"] >= 0.95 for r in rows)
-    over = {(r["config"].split()[0], r["mesh"]) for r in rows if r["ratio"] > 1.10}
-    assert over == {("qwen3", "data=2,fsdp=2,model=2")}
+    assert len(rows) == 20 and all(0.95 <= r["ratio"] <= 1.10 for r in rows)
 
 
 def test_at_64_tokens_only_xlm_robertas_model_8_is_under_and_inside_its_band():
@@ -946,12 +944,13 @@ def test_16_bit_compute_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
 
 def test_on_16_devices_mixed_bfloat16_rows_stay_under_the_top_of_the_16_bit_band():
     """Falcon and Qwen3 in mixed_bfloat16 on every mesh of 16 devices (`--mixed-precision --devices 16`), held out:
-    steps of 33-78 MB, 8 of them more than 5% under (6 until a waiting kernel's gradient was born where it runs), all
-    under the 16-bit band's top with the cuBLAS workspace (docs/plan.md, "Mixed precision")."""
+    steps of 33-78 MB, 9 of them more than 5% under (6 until a waiting kernel's gradient was born where it runs, 8 until
+    a float32 operand that a product rounds to 16 bits was counted in 16 bits: Qwen3's fsdp=8,model=2 0.952 -> 0.938),
+    all under the 16-bit band's top with the cuBLAS workspace (docs/plan.md, "Mixed precision")."""
     rows = _rows(MIXED_PRECISION_16)
     assert {r["config"].split()[0] for r in rows} == {"falcon", "qwen3"} and len(rows) == 30
     assert all(r["xla_gpu_deviceless"] <= r["estimate"] * MIXED_PRECISION_HIGH + GEMM_WORKSPACE for r in rows)
-    assert sum(_more_than_5_percent_under(r) for r in rows) == 8  # 18 before the float32 norm products
+    assert sum(_more_than_5_percent_under(r) for r in rows) == 9  # 18 before the float32 norm products
 
 
 def test_mixed_float16_rows_stay_under_the_top_of_the_16_bit_band():
@@ -959,7 +958,8 @@ def test_mixed_float16_rows_stay_under_the_top_of_the_16_bit_band():
     mesh, and with float16 exp, divide and tanh counted as expensive (as XLA keeps them) the families more than 5%
     under somewhere are those that are in mixed_bfloat16 (with them cheap, T5 was too; Qwen3 was in both until its
     float32 norm products were counted; RoBERTa is in both since a waiting kernel's gradient is born where it runs,
-    0.949 on data=4,model=2)."""
+    0.949 on data=4,model=2; Qwen3 is again since a float32 operand that a product rounds to 16 bits is counted in 16
+    bits, its model=8 0.939 in mixed_float16 and 0.940 in mixed_bfloat16)."""
     rows = _rows(MIXED_FLOAT16)
     assert len({r["config"] for r in rows}) == 8 and len(rows) == 80
     assert all(r["xla_gpu_deviceless"] <= r["estimate"] * MIXED_PRECISION_HIGH for r in rows)
@@ -968,7 +968,7 @@ def test_mixed_float16_rows_stay_under_the_top_of_the_16_bit_band():
     def families_under(rows, field="estimate"):
         return {r["config"].split()[0] for r in rows if r[field] < 0.95 * r["xla_gpu_deviceless"]}
 
-    assert families_under(rows) == families_under(bfloat16) == {"falcon", "gpt_neox", "bart", "roberta"}
+    assert families_under(rows) == families_under(bfloat16) == {"falcon", "gpt_neox", "bart", "roberta", "qwen3"}
     assert families_under(rows, "estimate_before_float16_rule") > families_under(rows)
 
 
@@ -1007,7 +1007,10 @@ def test_with_remat_four_families_held_out_stay_under_the_top_of_the_remat_band(
     """Four other families with remat on every mesh of 4 devices, compiled after REMAT_LOW and REMAT_HIGH were drawn:
     none above its band's top, all in band but ESM's fsdp=2,model=2, over it (1.38) since the model-axis band's floor
     rose to 0.81 (ESM's fsdp meshes were over it, 1.64-1.65, until the kernels waiting on fsdp meshes ran by the next
-    layer's gathers: 1.24-1.25). In bfloat16 (three of the six, every mesh of 8) all in band, none under."""
+    layer's gathers: 1.24-1.25). In bfloat16 (three of the six, every mesh of 8) all in band; none under until a float32
+    operand that a product rounds to 16 bits was counted in 16 bits, now under on three fsdp meshes (Gemma 3's fsdp=8
+    0.927 and Qwen3's data=2,fsdp=4 0.937, more than 5% under, where XLA's heap is up to 12% above its most bytes
+    alive; Llama 3's fsdp=8 0.967; docs/plan.md, "Which values are buffers")."""
     rows = _rows(REMAT_HELD_OUT)
     assert len(rows) == 24 and {r["config"].split()[0] for r in rows} == {"smollm3", "bart", "esm", "deberta_v3"}
     assert not any(r["xla_gpu_deviceless"] > r["estimate"] * REMAT_HIGH + GEMM_WORKSPACE for r in rows)
@@ -1015,9 +1018,12 @@ def test_with_remat_four_families_held_out_stay_under_the_top_of_the_remat_band(
     assert [(r["config"].split()[0], r["mesh"]) for r in outside] == [("esm", "fsdp=2,model=2")]
     assert outside[0]["estimate"] > outside[0]["xla_gpu_deviceless"]
     in_bfloat16 = _rows(REMAT_BFLOAT16)  # held out as well: three of the six in bfloat16 throughout, on 8 devices
-    assert len(in_bfloat16) == 30 and all(
-        r["in_band"] and r["estimate"] >= r["xla_gpu_deviceless"] for r in in_bfloat16
-    )
+    assert len(in_bfloat16) == 30 and all(r["in_band"] for r in in_bfloat16)
+    under = {(r["config"].split()[0], r["mesh"]) for r in in_bfloat16 if r["estimate"] < r["xla_gpu_deviceless"]}
+    assert under == {("gemma3", "fsdp=8"), ("qwen3", "data=2,fsdp=4"), ("llama3", "fsdp=8")}
+    assert {k for k in under if k[0] != "llama3"} == {
+        (r["config"].split()[0], r["mesh"]) for r in in_bfloat16 if _more_than_5_percent_under(r)
+    }
 
 
 def test_unsure_estimates_get_a_wider_band_and_say_why():

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from kdist.planning import trace
+from kdist.planning import buffers, trace
 
 STEPS, BATCH, WIDTH = 5, 4, 8
 
@@ -61,3 +61,23 @@ def test_a_cond_whose_index_is_fixed_at_trace_time_is_the_branch_it_takes():
     assert sum(fixed.flat.flops[: fixed.n_fwd]) == 2 * BATCH * WIDTH * WIDTH
     chosen_at_run_time = trace.trace_program(_branches(fixed=False), *shapes)
     assert "cond" in [name for name, _, _ in chosen_at_run_time.flat.eqns]  # XLA keeps both branches: one operation
+
+
+def _attention(tw, da, cs):
+    """jax's own attention in bfloat16: its products ask for BF16_BF16_F32, float32 scores from bfloat16 inputs."""
+    return [jax.nn.dot_product_attention(*da, implementation="xla")]
+
+
+def test_a_float32_operand_of_a_product_that_rounds_to_bfloat16_is_read_as_one_bfloat16_cast():
+    qkv = [jax.ShapeDtypeStruct((BATCH, 16, 2, WIDTH), "bfloat16")] * 3
+    p = buffers.analyse(trace.trace_program(_attention, [], [], qkv), buffers.Rules())
+    f = p.flat
+    products = [i for i, (name, _, _) in enumerate(f.eqns) if name == "dot_general"]
+    read = [x for i in products for x in f.eqns[i][1]]
+    assert len(products) == 6 and {f.dtype[x] for x in read} == {"bfloat16"}
+    casts = [i for i, (_, _, outs) in enumerate(f.eqns) if outs and outs[0] in f.rounded.values()]
+    # the score gradient, read by the query's and the key's gradient products: cast once, written in 16 bits
+    assert len(casts) == 1 and casts[0] >= p.n_fwd
+    (score_gradient,), (cast,) = f.eqns[casts[0]][1:]
+    assert f.dtype[score_gradient] == "float32" and not p.mat[score_gradient]
+    assert p.mat[cast] and sum(x == cast for x in read) == 2
