@@ -188,6 +188,7 @@ class Step:
         self.conv_kernels, self.windowed_kernels = {}, set()
         forward_start = {}  # per call (its mapping): the first event of its forward run
         shared, shared_made = set(self.shared.values()), set()
+        summed = set()  # gradients and cotangents summed into another (`_add_unreduced`)
         for item in self.agenda:
             if item[0] == "loss_start":
                 self.bwd_start = len(self.events) if self.bwd_start is None else self.bwd_start
@@ -229,6 +230,7 @@ class Step:
             elif item[0] == "acc":
                 read = _once(r for x in item[2] for r in self._expand(x, memo))
                 self.events.append(([item[1]], read, read))
+                summed.update(read)
                 self._event_info()
             else:  # "opt": the optimizer update reads the gradient
                 self.events.append(([], self._expand(item[1], memo), ()))
@@ -237,7 +239,7 @@ class Step:
                     self.final_grads.append((self.weight_of[item[1]], item[1], len(self.events) - 1))
         self._add_gathers(remat, gather_itemsize)
         convolutions.add_kernel_copies(self)
-        self._add_unreduced()
+        self._add_unreduced(summed)
         self._life = self._gradient_kernels = self._forks = self._reads = None
 
     def _fft_copies(self, buffers):
@@ -307,15 +309,13 @@ class Step:
                     events[span[-1]][1].append(g)
         self.events = [(m, tuple(u), ip) for m, u, ip in events]
 
-    def _add_unreduced(self):
-        """FSDP: a weight's gradient is made whole (less its model split) and reduce-scattered to a shard next.
-
-        The whole local gradient lives from the kernel making it to the next
-        event; the scale makes it 0 for weights fsdp does not split.
-        """
+    def _add_unreduced(self, summed):
+        """FSDP: a weight's gradient is made whole (less its model split) and reduce-scattered to a shard next, the
+        whole copy alive from the kernel making it to the next event (scaled to 0 where fsdp does not split the
+        weight); a gradient `summed` into another (a weight several calls read) is not reduced, the sum is."""
         for t, (made, _, _) in enumerate(self.events):
             for g in list(made):
-                if self.term[g] == "gradients" and g in self.weight_of and t + 1 < len(self.events):
+                if self.term[g] == "gradients" and g in self.weight_of and g not in summed and t + 1 < len(self.events):
                     u = self.new(self.size[g], self.shape[g], "unreduced", self.dtype[g])
                     self.weight_of[u] = self.weight_of[g]
                     made.append(u)
@@ -324,7 +324,7 @@ class Step:
     def lifetimes(self):
         """(born, last read, external, reused) per buffer: computed once, every candidate's sweep reuses them.
 
-        `reused`: buffers an elementwise or scatter kernel overwrites in place, reading them for the last time.
+        `reused`: (buffer, output): an elementwise or scatter kernel writes the output over the buffer it reads last.
         """
         if self._life is not None:
             return self._life
@@ -341,9 +341,9 @@ class Step:
                     same = self.size[x] == self.size[o] > 0 and self.batch[x] == self.batch[o]
                     if last[x] == t and x not in taken and not external[x] and same:
                         taken.add(x)
-                        reused.append(x)
+                        reused.append((x, o))
                         break
-        self._life = (born, last, external, np.array(reused, dtype=int))
+        self._life = (born, last, external, np.array(reused, dtype=int).reshape(-1, 2))
         return self._life
 
     def reads(self):
@@ -410,8 +410,8 @@ class Step:
         """
         traced_born, traced_last, external, reused = self.lifetimes()
         born, last = traced_born if born is None else born, traced_last if last is None else last
-        if len(reused):  # a buffer read later than its overwriting kernel is not overwritten
-            reused = reused[last[reused] == traced_last[reused]]
+        # a buffer read later than the kernel that would overwrite it runs (a schedule moved one) is not overwritten
+        reused = reused[last[reused[:, 0]] == born[reused[:, 1]], 0]
         n_events = len(self.events)
         sizes = np.asarray(self.size, dtype=np.float64) * factor
         terms = np.array(self.term)
