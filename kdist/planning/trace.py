@@ -75,6 +75,13 @@ class Flat:
         self.dtype.append(dtype)
         return len(self.size) - 1
 
+    def append(self, name, ins, outs, scope, params=None, flops=0):
+        """Append an equation: its primitive name, input and output ids, name stack, parameter and FLOPs."""
+        self.eqns.append((name, ins, outs))
+        self.scopes.append(scope)
+        self.params.append(params)
+        self.flops.append(flops)
+
     def walk(self):
         """(primitive name, output shapes, scope) of every equation, a loop's body's after the loop's own."""
         for (name, _, outs), params, scope in zip(self.eqns, self.params, self.scopes):
@@ -236,15 +243,13 @@ def flatten(jaxpr, in_ids, flat, scope="", in_values=()):
         outs = [flat.new(v.aval) for v in eqn.outvars]
         env.update(zip(eqn.outvars, outs))
         flat.fixed.update(zip(outs, folded))
-        flat.eqns.append((_as_compiled(eqn.primitive.name, operands), [i for i in ins if i is not None], outs))
-        flat.scopes.append(stack)
         if eqn.primitive.name in LOOPS:
-            loop = _loop(eqn, ins, stack)
-            flat.params.append(loop)
-            flat.flops.append(eqn.params.get("length", 0) * sum(loop.body.flops))  # a while loop's count is unknown
+            params = _loop(eqn, ins, stack)
+            flops = eqn.params.get("length", 0) * sum(params.body.flops)  # a while loop's count is unknown
         else:
-            flat.params.append(_params(eqn, value))
-            flat.flops.append(eqn_flops(eqn))
+            params, flops = _params(eqn, value), eqn_flops(eqn)
+        name = _as_compiled(eqn.primitive.name, operands)
+        flat.append(name, [i for i in ins if i is not None], outs, stack, params, flops)
     return [get(v) for v in jaxpr.outvars]
 
 
@@ -260,17 +265,16 @@ def _rounded_operands(eqn, ins, flat, stack):
     for the query and key gradients' GEMMs (docs/plan.md, "Which values are
     buffers").
     """
+    if eqn.primitive.name != "dot_general":
+        return ins
     narrow = ROUNDING_ALGORITHMS.get(getattr(eqn.params.get("precision"), "name", None))
-    if eqn.primitive.name != "dot_general" or narrow is None:
+    if narrow is None:
         return ins
     out = []
     for x in ins:
         if x is not None and flat.dtype[x] == "float32" and (x, narrow) not in flat.rounded:
             flat.rounded[x, narrow] = flat.new(jax.ShapeDtypeStruct(flat.shape[x], narrow))
-            flat.eqns.append(("convert_element_type", [x], [flat.rounded[x, narrow]]))
-            flat.scopes.append(stack)
-            flat.params.append(None)
-            flat.flops.append(0)
+            flat.append("convert_element_type", [x], [flat.rounded[x, narrow]], stack)
         out.append(flat.rounded.get((x, narrow), x))
     return out
 
