@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from kdist.meshes.layout import shard_bytes, split_by
-from kdist.planning import model_splits
+from kdist.planning import model_splits, unreduced
 from kdist.planning.branches import with_deferred_branches
 from kdist.planning.column_reductions import FEWEST_ROWS, RACE_FREE_COLUMNS
 from kdist.planning.gradient_waits import reduction_groups, reduction_order
@@ -343,6 +343,7 @@ def buffer_factors(facts, rows, axes, local_batch):
     else:  # features split over a model axis: XLA's own distributed FFT holds two more parts while it runs
         beyond_own = np.where(own < whole, own, 0.0)
     out = np.where(static["unpartitioned"], beyond_own, out)
+    unreduced.lookup_factors(facts.traced.step, rows, static["rep"], out, axes.get("fsdp", 1))
     rows = static["column_rows"] * local_batch  # a column reduction's side output: written for some row counts
     out = np.where((rows > 0) & ((rows > RACE_FREE_COLUMNS) | (rows < FEWEST_ROWS)), 0.0, out)
     if facts.dtype is not None:

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from kdist.planning import convolutions
+from kdist.planning import convolutions, unreduced
 from kdist.planning.buffers import POOL_GRADIENT, fuse_into_readers, is_relu
 from kdist.planning.trace import TRACE_BATCH
 from kdist.planning.zero_pads import folded_across
@@ -56,6 +56,7 @@ class Step:
         self.widened = set()  # float32 products a weight gradient's reduction sums late (`column_reductions`)
         self.conv_kernels = {}  # variable -> [the weight a forward convolution reads, events reading it or a copy]
         self.windowed_kernels = set()  # variables a convolution reads as a kernel wider than 1 x 1 (`convolutions`)
+        self.lookup_scatters = []  # a lookup table's gradient, its zeros and cotangents (`unreduced`)
         # caches of what the events give: `lifetimes`, `gradient_kernels`, `branches.forks`
         self._life = self._gradient_kernels = self._forks = self._reads = None
         # For the step time (`kdist.planning.timing`), per event: FLOPs at the traced batch, dtype and the
@@ -188,7 +189,7 @@ class Step:
         self.conv_kernels, self.windowed_kernels = {}, set()
         forward_start = {}  # per call (its mapping): the first event of its forward run
         shared, shared_made = set(self.shared.values()), set()
-        summed = set()  # gradients and cotangents summed into another (`_add_unreduced`)
+        summed = set()  # gradients and cotangents summed into another (`unreduced.add_unreduced`)
         for item in self.agenda:
             if item[0] == "loss_start":
                 self.bwd_start = len(self.events) if self.bwd_start is None else self.bwd_start
@@ -239,7 +240,8 @@ class Step:
                     self.final_grads.append((self.weight_of[item[1]], item[1], len(self.events) - 1))
         self._add_gathers(remat, gather_itemsize)
         convolutions.add_kernel_copies(self)
-        self._add_unreduced(summed)
+        unreduced.add_unreduced(self, summed)
+        unreduced.add_gathered_cotangents(self)
         self._life = self._gradient_kernels = self._forks = self._reads = None
 
     def _fft_copies(self, buffers):
@@ -309,18 +311,6 @@ class Step:
                     events[span[-1]][1].append(g)
         self.events = [(m, tuple(u), ip) for m, u, ip in events]
 
-    def _add_unreduced(self, summed):
-        """FSDP: a weight's gradient is made whole (less its model split) and reduce-scattered to a shard next, the
-        whole copy alive from the kernel making it to the next event (scaled to 0 where fsdp does not split the
-        weight); a gradient `summed` into another (a weight several calls read) is not reduced, the sum is."""
-        for t, (made, _, _) in enumerate(self.events):
-            for g in list(made):
-                if self.term[g] == "gradients" and g in self.weight_of and g not in summed and t + 1 < len(self.events):
-                    u = self.new(self.size[g], self.shape[g], "unreduced", self.dtype[g])
-                    self.weight_of[u] = self.weight_of[g]
-                    made.append(u)
-                    self.events[t + 1] = (self.events[t + 1][0], (*self.events[t + 1][1], u), self.events[t + 1][2])
-
     def lifetimes(self):
         """(born, last read, external, reused) per buffer: computed once, every candidate's sweep reuses them.
 
@@ -335,8 +325,9 @@ class Step:
             born[made] = t
         external = np.array([t == "external" for t in self.term])
         reused, taken = [], set()
+        gathered = {entry[-1] for entry in self.lookup_scatters}  # a collective's output: not written over its input
         for t, (made, _, writable) in enumerate(self.events):
-            for o in made:
+            for o in (o for o in made if o not in gathered):
                 for x in writable:
                     same = self.size[x] == self.size[o] > 0 and self.batch[x] == self.batch[o]
                     if last[x] == t and x not in taken and not external[x] and same:
