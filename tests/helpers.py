@@ -1,5 +1,5 @@
 """Shared test helpers: training a model for a few steps and reading its losses; a model whose weight starts as a
-Python float; the jax version the suite runs on."""
+Python float; the jax version the suite runs on; a plan candidate's step buffers."""
 
 import jax
 import keras
@@ -61,3 +61,8 @@ def float_scaled_model():
     """A Dense layer of 16 on 8 inputs, scaled by `ScaledByAFloat`."""
     inputs = keras.Input((8,))
     return keras.Model(inputs, ScaledByAFloat()(keras.layers.Dense(16)(inputs)))
+
+
+def step_buffers(candidate):
+    """A plan candidate's peak less its state and inputs: what the step's buffers hold."""
+    return candidate.peak - candidate.weights - candidate.optimizer - candidate.other

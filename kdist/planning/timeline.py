@@ -296,7 +296,7 @@ class Step:
                     uses.setdefault(self.weight_of[x], []).append(t)
         self.weight_uses = {var: sorted(set(times)) for var, times in uses.items()}
         split = self.bwd_start if self.bwd_start is not None else len(events)
-        externals = {v: g for g, v in self.weight_of.items() if self.term[g] == "external"}
+        externals = self.weight_buffers()
         for var, times in uses.items():
             times = sorted(set(times))
             w = externals[var]
@@ -310,6 +310,10 @@ class Step:
                     events[span[0]][0].append(g)
                     events[span[-1]][1].append(g)
         self.events = [(m, tuple(u), ip) for m, u, ip in events]
+
+    def weight_buffers(self):
+        """{variable: the buffer of the weight itself} (not a cast, gradient or gathered copy of it)."""
+        return {v: g for g, v in self.weight_of.items() if self.term[g] == "external"}
 
     def lifetimes(self):
         """(born, last read, external, reused) per buffer: computed once, every candidate's sweep reuses them.

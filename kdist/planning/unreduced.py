@@ -34,7 +34,7 @@ def add_gathered_cotangents(step):
     The copy (the rest of the fsdp group's cotangents where the scatter is by rows) is made with the cotangent
     and read by the scatter; `lookup_factors` decides per mesh and sizes it, the zeros and the unreduced copy.
     """
-    externals = {v: g for g, v in step.weight_of.items() if step.term[g] == "external"}
+    externals = step.weight_buffers()
     made_at = {g: t for t, (made, _, _) in enumerate(step.events) for g in made}
     for t in range(step.bwd_start or 0, len(step.events)):
         made, read, writable = step.events[t]

@@ -18,7 +18,7 @@ from kdist.planning.memory_model import GEMM_WORKSPACE
 from kdist.planning.targets import DEFAULT_MARGIN, resolve_target
 from kdist.planning.timeline import Step
 from kdist.planning.trace import TRACE_BATCH
-from tests.helpers import SOFTMAX_BACKWARD_READS_PROBABILITIES
+from tests.helpers import SOFTMAX_BACKWARD_READS_PROBABILITIES, step_buffers
 
 LLAMA = dict(
     vocabulary_size=256, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=64, intermediate_dim=128
@@ -127,10 +127,6 @@ def test_fsdp_keeps_gathered_weights_and_data_parallel_does_not():
     assert fsdp.optimizer < p.candidate("data=8").optimizer / 4
 
 
-def _step_buffers(candidate):
-    return candidate.peak - candidate.weights - candidate.optimizer - candidate.other
-
-
 def test_an_embedding_gradient_is_scattered_in_place_into_its_zeros():
     """Beside the state, the step holds the table's gradient once, not its zeros and the scattered result apart."""
     vocabulary, width = 200_000, 64
@@ -142,7 +138,7 @@ def test_an_embedding_gradient_is_scattered_in_place_into_its_zeros():
 
     candidate = kdist.plan(kdist.abstract_model(build), 1, batch_size=8).candidates[0]
     table = vocabulary * width * 4
-    assert table <= _step_buffers(candidate) < 1.5 * table
+    assert table <= step_buffers(candidate) < 1.5 * table
 
 
 def test_reduced_gradients_keep_their_kernels_operands_until_their_group_is_reduced(llama, monkeypatch):
@@ -153,11 +149,11 @@ def test_reduced_gradients_keep_their_kernels_operands_until_their_group_is_redu
     model = lambda: kdist.plan(llama, 2, batch_size=4, sequence_length=128).candidate("model=2")  # noqa: E731
     combined, combined_model = data(), model()
     monkeypatch.setattr(comm, "COMBINE_THRESHOLD", 1)  # each gradient reduced as soon as it is made
-    assert _step_buffers(data()) == _step_buffers(one)  # the same per-device batch, the trace order's lifetimes
-    assert _step_buffers(combined) > _step_buffers(one)
+    assert step_buffers(data()) == step_buffers(one)  # the same per-device batch, the trace order's lifetimes
+    assert step_buffers(combined) > step_buffers(one)
     assert model().peak < combined_model.peak  # on a model axis too: each kernel alone no longer waits
     monkeypatch.setattr(comm, "COMBINE_THRESHOLD", 2**60)  # one reduction of every gradient, at the end
-    assert _step_buffers(data()) >= _step_buffers(combined)
+    assert step_buffers(data()) >= step_buffers(combined)
 
 
 def _sublayer_step(platform="gpu"):
@@ -194,7 +190,7 @@ def test_on_several_gpus_the_estimate_takes_the_schedulers_worst_order(llama, mo
     monkeypatch.setattr(memory_model, "workspace_peak", lambda step, curves: None)  # the trace's order alone
     worst, on_cpu = data(), data(target="cpu")
     monkeypatch.setattr(memory_model, "scheduler_lasts", lambda step, last, axes: last)
-    assert _step_buffers(worst) > _step_buffers(data())
+    assert step_buffers(worst) > step_buffers(data())
     assert on_cpu.peak == data(target="cpu").peak
 
 
@@ -265,7 +261,7 @@ def test_an_attentions_biased_q_k_v_are_merged_on_several_gpus(monkeypatch):
     plan = lambda devices: kdist.plan(model, devices, batch_size=16).candidates[0]  # noqa: E731
     merged, one = kdist.plan(model, 8, batch_size=16).candidate("data=8"), plan(1)
     monkeypatch.setattr(memory_model, "DOT_MERGER_BYTES", 0)
-    assert _step_buffers(merged) > _step_buffers(kdist.plan(model, 8, batch_size=16).candidate("data=8"))
+    assert step_buffers(merged) > step_buffers(kdist.plan(model, 8, batch_size=16).candidate("data=8"))
     assert one.peak == plan(1).peak
 
 

@@ -6,6 +6,7 @@ import pytest
 import kdist
 from kdist.planning.memory_model import PlacedVariable
 from kdist.planning.unreduced import scatters_by_rows
+from tests.helpers import step_buffers
 
 
 def _table(rows, width):
@@ -25,10 +26,6 @@ def test_the_scatter_is_by_rows_where_xla_compiled_it_so(rows, width, cotangents
     assert scatters_by_rows(_table(rows, width), cotangents * 4, fsdp) is by_rows
 
 
-def _step_buffers(candidate):
-    return candidate.peak - candidate.weights - candidate.optimizer - candidate.other
-
-
 def test_a_table_split_by_rows_over_fsdp_gets_its_gradient_by_rows_while_that_holds_fewer_bytes():
     """XLA's partitioner scatters a lookup table's gradient into each device's rows from its fsdp group's gathered
     cotangents, unless those hold more than two whole tables; then into a whole table, reduce-scattered after."""
@@ -41,6 +38,6 @@ def test_a_table_split_by_rows_over_fsdp_gets_its_gradient_by_rows_while_that_ho
 
     model, table = kdist.abstract_model(build), vocabulary * width * 4
     few, many = (kdist.plan(model, 8, batch_size=b).candidate("fsdp=8") for b in (16, 16_384))
-    assert _step_buffers(few) < table / 2  # the device's eighth of the gradient, the group's 16 x 8 cotangents
+    assert step_buffers(few) < table / 2  # the device's eighth of the gradient, the group's 16 x 8 cotangents
     # a whole gradient and the device's own cotangents: gathered, 16,384 x 8 of 64 floats would be 2 tables
-    assert table < _step_buffers(many) < 2 * table
+    assert table < step_buffers(many) < 2 * table
