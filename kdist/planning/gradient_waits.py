@@ -40,15 +40,33 @@ def reduction_order(step, factor, axes, remat=False):
     born, last = born.copy(), last.copy()
     sizes = np.asarray(step.size, dtype=np.float64) * factor
     runs_by = _next_block_gathers(step, sizes) if remat and axes.get("model", 1) == 1 else {}
-    kernel_events = iter([u for u, _, _ in step.gradient_kernels()])  # the order `reduction_groups` keeps
+    traced_born = born.copy()
+    kernels = iter(step.gradient_kernels())  # the order `reduction_groups` keeps
     for t, reads in reduction_groups(step, sizes):
         for reads_of_kernel in reads:
-            u = next(kernel_events)
+            u, grads, _ = next(kernels)
             by = min(t, runs_by.get(u, t))
             last[reads_of_kernel] = np.maximum(last[reads_of_kernel], by)
-            made = [g for g in step.events[u][0] if step.term[g] in ("gradients", "unreduced")]
+            makers = {u, *traced_born[grads]}  # and the cast making a 16-bit gradient float32 (`kernel_making`)
+            made = [g for e in makers for g in step.events[e][0] if step.term[g] in ("gradients", "unreduced")]
             born[made], last[made] = by, np.maximum(last[made], by)
     return born, last
+
+
+def kernel_making(step, t, grads, start, born):
+    """(kernel, gradients): the kernel making the weight gradients `grads` that event `t` makes. Where `t` only
+    casts a 16-bit gradient up to its float32 variable's dtype (mixed precision), the matrix product or reduction
+    making that 16-bit gradient: XLA:GPU fuses the cast into the optimizer update and runs the product where it
+    runs in float32, so its operands wait (`reduction_order`), and the cast's gradient is made where it runs."""
+    read = [u for u in step.events[t][1] if step.term[u] != "external"]
+    if step.event_kinds[t] != "elementwise" or len(read) != 1 or born[read[0]] < start:
+        return t, grads
+    source = int(born[read[0]])
+    same_size = math.prod(step.shape[read[0]]) == math.prod(step.shape[grads[0]])
+    cast_up = step.dtype[read[0]] in ("bfloat16", "float16") and step.dtype[grads[0]] == "float32"
+    if not (same_size and cast_up) or not (step.event_gemms[source] or step.event_kinds[source] == "reduction"):
+        return t, grads
+    return source, grads
 
 
 def _next_block_gathers(step, sizes):

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from kdist.planning import convolutions, unreduced
+from kdist.planning import convolutions, gradient_waits, unreduced
 from kdist.planning.buffers import POOL_GRADIENT, fuse_into_readers, is_relu
 from kdist.planning.trace import TRACE_BATCH
 from kdist.planning.zero_pads import folded_across
@@ -355,21 +355,24 @@ class Step:
         makes from a buffer it reads too (BatchNormalization's scale and offset gradients: the per-channel sums
         its input gradient needs). XLA:GPU fuses such sibling reductions into one kernel, which runs where the
         input gradient needs it. A kernel made from a float32 product a 16-bit norm's scale gradient sums
-        (`widened`) reads that product too: XLA:GPU sums it with the weight gradients' reductions.
+        (`widened`) reads that product too: XLA:GPU sums it with the weight gradients' reductions. A cast making
+        a 16-bit gradient float32 is not the kernel: the product or sum it casts is (`gradient_waits.kernel_making`).
         """
         if self._gradient_kernels is None:
             start, born = self.bwd_start or 0, self.lifetimes()[0]
             reductions = [u for u in range(start, len(self.events)) if self.event_kinds[u] == "reduction"]
             self._gradient_kernels = []
-            for t, (made, used, _) in enumerate(self.events[start:], start=start):
+            for t, (made, _, _) in enumerate(self.events[start:], start=start):
                 grads = [g for g in made if self.term[g] == "gradients" and g in self.weight_of]
                 if not grads:
                     continue
-                read = [u for u in used if self.term[u] != "external"]
+                t, grads = gradient_waits.kernel_making(self, t, grads, start, born)
+                read = [u for u in self.events[t][1] if self.term[u] != "external"]
                 read += self._widened_behind(read, grads[0], start, born)
                 if self.event_kinds[t] == "reduction" and self._has_sibling(t, grads[0], read, reductions):
                     continue
                 self._gradient_kernels.append((t, np.array(grads, dtype=int), np.unique(np.array(read, dtype=int))))
+            self._gradient_kernels.sort(key=lambda kernel: kernel[0])
         return self._gradient_kernels
 
     def _widened_behind(self, read, grad, start, born):

@@ -11,19 +11,21 @@ from kdist.planning.gradient_waits import reduction_groups, reduction_order
 from tests.planning.test_memory_model import _recorded_factors
 
 
-def _mlp_blocks(blocks=3, hidden=32):
+def _mlp_blocks(blocks=3, hidden=32, dtype=None):
     """Residual MLP blocks: each Dense is a layer call of its own, so a remat step recomputes and gathers per Dense."""
     inputs = keras.Input((16, hidden))
     x = inputs
     for _ in range(blocks):
-        h = keras.layers.Dense(4 * hidden, activation="relu")(x)
-        x = keras.layers.LayerNormalization()(keras.layers.add([x, keras.layers.Dense(hidden)(h)]))
-    return keras.Model(inputs, keras.layers.Dense(4)(x))
+        h = keras.layers.Dense(4 * hidden, activation="relu", dtype=dtype)(x)
+        x = keras.layers.add([x, keras.layers.Dense(hidden, dtype=dtype)(h)])
+        x = keras.layers.LayerNormalization(dtype=dtype)(x)
+    return keras.Model(inputs, keras.layers.Dense(4, dtype=dtype)(x))
 
 
-def _step(monkeypatch, remat):
+def _step(monkeypatch, remat, dtype=None):
     seen = _recorded_factors(monkeypatch)
-    kdist.plan(kdist.abstract_model(_mlp_blocks), 8, batch_size=64, target="h100", remat=remat)
+    model = kdist.abstract_model(lambda: _mlp_blocks(dtype=dtype))
+    kdist.plan(model, 8, batch_size=64, target="h100", remat=remat)
     return seen[0][0].traced.step
 
 
@@ -84,6 +86,31 @@ def test_a_waiting_kernel_makes_its_gradient_where_it_runs(monkeypatch):
     assert (
         made_where_traced.max() > 0 and step.sweep(ones, last, born)["gradients"][step.bwd_start : first_end].max() == 0
     )
+
+
+def test_a_mixed_precision_gradient_waits_with_the_kernel_making_it_in_16_bits(monkeypatch):
+    """Under mixed_bfloat16 a weight-gradient GEMM or bias sum makes a bfloat16 gradient that a cast makes
+    float32; XLA:GPU fuses the cast into the optimizer update and runs the GEMM where it runs in float32, beside
+    the reduction (Falcon in mixed_bfloat16 on model=8 of 8 deviceless H100s holds each layer's norm inputs and
+    cotangents until the backward's end). So the waiting kernel is the GEMM or sum, not the cast: its operands
+    wait, and the cast's float32 gradient is made where it runs (the estimate had the casts wait, reading the
+    small bfloat16 gradients alone: Falcon 0.908 of XLA's figure, 1.021 since; docs/plan.md, "Weight-gradient
+    kernels wait for their reduction")."""
+    full = _step(monkeypatch, remat=False)
+    mixed = _step(monkeypatch, remat=False, dtype="mixed_bfloat16")
+    kinds = lambda step: [(step.event_gemms[u], step.event_kinds[u]) for u, _, _ in step.gradient_kernels()]  # noqa: E731
+    assert kinds(mixed) == kinds(full) and sum(gemm for gemm, _ in kinds(mixed)) == 7  # the 7 Dense kernels
+    sizes = np.asarray(mixed.size, dtype=np.float64)
+    born, last = reduction_order(mixed, np.ones(len(sizes)), {"data": 8})
+    traced_born = mixed.lifetimes()[0]
+    kernels = iter(mixed.gradient_kernels())
+    for group_end, reads in reduction_groups(mixed, sizes):
+        for _ in reads:
+            u, grads, read = next(kernels)
+            assert (traced_born[grads] > u).any() or mixed.event_kinds[u] == "reduction"  # the cast, after it
+            assert (born[grads] == group_end).all() and (last[read] >= group_end).all()
+            if mixed.event_gemms[u]:  # reads an activation and a cotangent, not the small 16-bit gradient alone
+                assert sizes[read].max() >= 64 * 16 * 32 * 2
 
 
 def _shared_blocks(calls=4, hidden=32):
