@@ -200,9 +200,9 @@ def regathered(facts, rows, axes, factor):
     model axis of 2 only a buffer a forward kernel other than a matrix
     product reads too is gathered again (a post-norm residual stream:
     XLM-RoBERTa on data=2,model=2); a pre-norm block's normalized value keeps
-    its whole copy (DeiT on data=4,model=2). A 16-bit value (mixed
-    precision's cast) keeps its gathered copy, as do other meshes, one device
-    and other platforms.
+    its whole copy (DeiT on data=4,model=2). A value a cast down to 16 bits
+    makes (a float32 norm's output, mixed precision's copies) keeps its
+    gathered copy, as do other meshes, one device and other platforms.
     Returns (factor, copies: bytes per event, zeros where nothing is gathered again).
     """
     step = facts.traced.step

@@ -19,8 +19,9 @@ def model_split_factors(facts, rows, axes):
 
 def regather_shares(facts, rows, axes):
     """Per traced buffer: the share of its whole copy a device keeps where a matrix product gathers it again
-    (`memory_model.regathered`), 1 elsewhere and for 16-bit values (mixed precision's casts keep their gathered
-    copies); None where nothing is split over the model and expert axes."""
+    (`memory_model.regathered`), 1 elsewhere and for a value a cast down to 16 bits makes (a float32 norm's output,
+    mixed precision's copies: they keep their gathered copies); None where nothing is split over the model and expert
+    axes."""
     return _splits(facts, rows, axes)[1]
 
 
@@ -39,12 +40,29 @@ def _splits(facts, rows, axes):
             splits, enlarged, before = propagation.split_axes(step, weight_splits, dict(zip(propagation.AXES, key[1:])))
             whole = np.array(propagation.factors(splits, step.shape, axes, enlarged))
             shares = np.ones(len(step.size))
-            kept = [g for g in before if step.dtype[g] not in HALF_FLOATS and whole[g] > 0]
+            casts = _narrowing_casts(step, before)
+            kept = [g for g in before if g not in casts and whole[g] > 0]
             if kept:
                 split = propagation.factors([before[g] for g in kept], [step.shape[g] for g in kept], axes)
                 shares[kept] = np.array(split) / whole[kept]
             cache[key] = whole, shares
     return cache[key]
+
+
+def _narrowing_casts(step, buffers):
+    """The buffers of `buffers` a cast down to 16 bits makes: a norm's output computed in float32, mixed
+    precision's copies of float32 values."""
+    wanted, out = {g for g in buffers if step.dtype[g] in HALF_FLOATS}, set()
+    for item in step.agenda:
+        if item[0] != "run":
+            continue
+        p, mapping = item[1]
+        for x, g in mapping.items():
+            i = p.producer_index.get(x) if g in wanted else None
+            if i is not None and p.flat.eqns[i][0] == "convert_element_type":
+                if p.flat.dtype[p.flat.eqns[i][1][0]] not in HALF_FLOATS:
+                    out.add(g)
+    return out
 
 
 def _axis_dims(spec):

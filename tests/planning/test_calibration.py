@@ -535,12 +535,14 @@ def test_the_held_out_cnns_in_bfloat16_stay_under_the_16_bit_bands_top_and_outsi
     """ResNet50, InceptionV3 and ConvNeXtTiny in bfloat16 on every mesh of 8 (`--cnns-held-out --dtype bfloat16`):
     XLA's figure under every row's band top (the 16-bit band's 1.15x where it is wider than the class's); the rows
     more than 5% under are ResNet50's three fsdp meshes (data=4,fsdp=2 since a waiting kernel's gradient is born
-    where it runs); the two outside their band are InceptionV3's fsdp x model meshes, over it (docs/plan.md, "Three
-    CNNs in bfloat16, held out")."""
+    where it runs) and ConvNeXtTiny's fsdp=2,model=4 (0.931, 1.198 until a 16-bit value a matrix product gathers was
+    counted gathered again as a float32 one is; its float32 row is 1.053); the two outside their band are
+    InceptionV3's fsdp x model meshes, over it (docs/plan.md, "Three CNNs in bfloat16, held out")."""
     rows = _rows(CNNS_HELD_OUT_BF16)
     assert len(rows) == 30 and all(r["config"].split()[1] == "bfloat16" for r in rows)
     under = {(r["config"].split()[0], r["mesh"]) for r in rows if _more_than_5_percent_under(r)}
-    assert under == {("resnet50", m) for m in ("data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8")}
+    resnet = {("resnet50", m) for m in ("data=4,fsdp=2", "data=2,fsdp=4", "fsdp=8")}
+    assert under == resnet | {("convnexttiny", "fsdp=2,model=4")}
     assert min(r["ratio"] for r in rows) >= 0.93
     assert not _above_the_band_top(rows, "cnn", MIXED_PRECISION_HIGH)
     outside = {(r["config"].split()[0], r["mesh"]) for r in rows if not r["in_band"]}
@@ -627,14 +629,14 @@ def test_the_two_backbones_added_last_stay_in_their_bands_in_bfloat16_and_on_16_
     since each buffer gathered again is counted once) only in the band of an activation several layers read
     (`SHARED_INPUT_HIGH`), above their class's top; on 16 T5Gemma's four batch-split meshes without a model axis more
     than 5% under too (0.932-0.943; data=8,fsdp=2 since a waiting kernel's gradient is born where it runs), and
-    Gemma 4's fsdp=16 (0.950, likewise). In bfloat16 none under and all in their band: T5Gemma's data=2,model=4 and
-    fsdp=2,model=4 were over it (1.25, since the model-axis band's floor rose to 0.81) until a float32 operand that a
-    product rounds to 16 bits was counted in 16 bits (1.22-1.23; docs/plan.md, "Which values are buffers")."""
+    Gemma 4's fsdp=16 (0.950, likewise). In bfloat16 none under, all in their band and none more than 20% over:
+    T5Gemma's data=2,model=4 and fsdp=2,model=4 were over it (1.25, since the model-axis band's floor rose to 0.81)
+    until a float32 operand that a product rounds to 16 bits was counted in 16 bits (1.22-1.23; docs/plan.md, "Which
+    values are buffers"), and 1.22-1.23 until a 16-bit value a matrix product gathers was counted gathered again as a
+    float32 one is (1.076-1.080; docs/plan.md, "Gathered again")."""
     in_bf16 = _rows(NEWEST_FAMILIES_BFLOAT16)
     assert len(in_bf16) == 20 and not any(_more_than_5_percent_under(r) for r in in_bf16)
-    assert all(r["in_band"] for r in in_bf16)
-    over = {(r["config"].split()[0], r["mesh"]) for r in in_bf16 if r["ratio"] > 1.2}
-    assert over == {("t5gemma", m) for m in ("data=2,model=4", "fsdp=2,model=4")}
+    assert all(r["in_band"] for r in in_bf16) and max(r["ratio"] for r in in_bf16) < 1.2
     on_16 = _rows(NEWEST_FAMILIES_16)
     assert len(on_16) == 30 and all(r["in_band"] for r in on_16)
     assert _above_the_band_top(on_16) == {("t5gemma", "fsdp=4,model=4"), ("t5gemma", "fsdp=2,model=8")}

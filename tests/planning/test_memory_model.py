@@ -428,19 +428,20 @@ def test_fsdp_gathers_each_weight_in_the_dtype_of_the_layer_that_computes_with_i
     assert gathered["half/kernel"] == 512 * 1024 * 2
 
 
-def _normalized_projection(hidden=32, gated=False):
+def _normalized_projection(hidden=32, gated=False, dtype=None):
     """A learned position table summed into the residual stream, normalized and projected up and down: on a model
     axis the rules split the table's hidden size, and the projections gather what they contract whole. `gated`:
     a second up projection of the same normalized value (a gated MLP's), its sum with the first read down."""
     tokens = keras.Input((16,), dtype="int32")
     positions = keras.Input((16,), dtype="int32")
-    table = keras.layers.Embedding(16, hidden, name="position_table")
-    h = keras.layers.Embedding(48, hidden)(tokens) + table(positions)
-    normalized = keras.layers.LayerNormalization(name="norm")(h)
-    x = keras.layers.Dense(2 * hidden, activation="gelu", name="up")(normalized)
+    table = keras.layers.Embedding(16, hidden, name="position_table", dtype=dtype)
+    h = keras.layers.Embedding(48, hidden, dtype=dtype)(tokens) + table(positions)
+    normalized = keras.layers.LayerNormalization(name="norm", dtype=dtype)(h)
+    x = keras.layers.Dense(2 * hidden, activation="gelu", name="up", dtype=dtype)(normalized)
     if gated:
-        x = x + keras.layers.Dense(2 * hidden, activation="gelu", name="gate")(normalized)
-    return keras.Model([tokens, positions], keras.layers.Dense(48)(h + keras.layers.Dense(hidden)(x)))
+        x = x + keras.layers.Dense(2 * hidden, activation="gelu", name="gate", dtype=dtype)(normalized)
+    down = keras.layers.Dense(hidden, dtype=dtype)(x)
+    return keras.Model([tokens, positions], keras.layers.Dense(48, dtype=dtype)(h + down))
 
 
 def _recorded_regathered(monkeypatch):
@@ -472,6 +473,26 @@ def test_on_a_model_axis_of_two_only_a_post_norm_residual_stream_is_gathered_aga
             readers = events[buffers == g]
             assert any(t < step.bwd_start and not step.event_gemms[t] for t in readers), (axes, g)
             assert split[g] == pytest.approx(factor[g] / 2)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_bfloat16"])
+def test_a_16_bit_value_is_gathered_again_as_a_float32_one_is_but_a_cast_keeps_its_gathered_copy(monkeypatch, dtype):
+    """In 16 bits the projections' gathered values are gathered again as in float32 (EdRec in bfloat16 on
+    data=2,model=4 of 8 deviceless H100s holds no whole copy of its gated MLP's product, which the estimate kept:
+    1.352 of XLA's figure, 1.131 since), but the copy of a float32 value cast down to 16 bits (a norm's output,
+    computed in float32) keeps its gathered copy (RoBERTa in mixed_bfloat16 on data=2,model=4: docs/plan.md,
+    "Gathered again"). At hidden 48 over a model axis of 3 float32 gathers the normalized value again too."""
+    seen = _recorded_regathered(monkeypatch)
+    again = {}
+    for policy in (None, dtype):
+        seen.clear()
+        model = kdist.abstract_model(lambda: _normalized_projection(48, dtype=policy))
+        kdist.plan(model, 6, batch_size=12, target="h100")
+        step = seen[0][0].traced.step
+        (factor, split), *_ = [(f, s) for _, axes, f, (s, _) in seen if axes == {"data": 2, "model": 3}]
+        again[policy] = sorted(step.shape[g][1:] for g in range(len(step.size)) if split[g] < factor[g])
+    assert again[None] == [(16, 48), (16, 48), (16, 96)]  # the normalized value, the residual sum, the up output
+    assert again[dtype] == [(16, 48), (16, 96)]  # the residual sum and the up output: not the norm's cast
 
 
 @pytest.mark.parametrize(
