@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from kdist.planning import comm
+from kdist.units import HALF_FLOATS
 
 
 def reduction_order(step, factor, axes, remat=False):
@@ -63,7 +64,7 @@ def kernel_making(step, t, grads, start, born):
         return t, grads
     source = int(born[read[0]])
     same_size = math.prod(step.shape[read[0]]) == math.prod(step.shape[grads[0]])
-    cast_up = step.dtype[read[0]] in ("bfloat16", "float16") and step.dtype[grads[0]] == "float32"
+    cast_up = step.dtype[read[0]] in HALF_FLOATS and step.dtype[grads[0]] == "float32"
     if not (same_size and cast_up) or not (step.event_gemms[source] or step.event_kinds[source] == "reduction"):
         return t, grads
     return source, grads
