@@ -37,11 +37,10 @@ def reduction_order(step, factor, axes, remat=False):
     """
     if math.prod(axes.values()) == 1:
         return None
-    born, last, _, _ = step.lifetimes()
-    born, last = born.copy(), last.copy()
+    traced_born, last, _, _ = step.lifetimes()
+    born, last = traced_born.copy(), last.copy()
     sizes = np.asarray(step.size, dtype=np.float64) * factor
     runs_by = _next_block_gathers(step, sizes) if remat and axes.get("model", 1) == 1 else {}
-    traced_born = born.copy()
     kernels = iter(step.gradient_kernels())  # the order `reduction_groups` keeps
     for t, reads in reduction_groups(step, sizes):
         for reads_of_kernel in reads:
