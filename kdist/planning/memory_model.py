@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from kdist.meshes.layout import shard_bytes, split_by
-from kdist.planning import model_splits, unreduced
+from kdist.planning import model_splits, partial_sums, unreduced
 from kdist.planning.branches import with_deferred_branches
 from kdist.planning.column_reductions import FEWEST_ROWS, RACE_FREE_COLUMNS
 from kdist.planning.gradient_waits import reduction_groups, reduction_order
@@ -133,15 +133,17 @@ def memory_terms(facts, rows, axes, batch_size):
         live["unreduced"], live["workspace"], phase = 0, 0, None
     else:
         factor, copies = regathered(facts, rows, axes, buffer_factors(facts, rows, axes, local_batch))
+        factor, sums = partial_sums.reduced_at_once(facts, rows, axes, factor, batch_shards(axes) > 1)
         born, ordered = reduction_order(traced.step, factor, axes, traced.remat) or (None, None)
 
         def swept(last, deferred=False):  # live bytes per term after each event, the copies gathered again among
-            # the gathered; `deferred`: with a branch of the backward run late where that costs most
+            # the gathered, the partial sums before their reduce-scatter among the backward's; `deferred`: with a
+            # branch of the backward run late where that costs most
             last = merged_gemm_lasts(traced.step, last, factor, axes)
             curves = traced.step.sweep(factor, last, born)
             if deferred:
                 curves = with_deferred_branches(traced.step, curves, factor, last)
-            return curves | {"gathered": curves["gathered"] + copies}
+            return curves | {"gathered": curves["gathered"] + copies, "backward": curves["backward"] + sums}
 
         overlap = collectives_overlap(traced.step, axes)  # XLA's scheduler reorders the step
         curves = swept(scheduler_lasts(traced.step, ordered, axes), deferred=overlap)

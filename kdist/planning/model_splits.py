@@ -25,6 +25,13 @@ def regather_shares(facts, rows, axes):
     return _splits(facts, rows, axes)[1]
 
 
+def reduced_shares(facts, rows, axes):
+    """Per traced buffer: (the share of it a device keeps once XLA reduce-scatters it, the share one layout of it
+    is), where it is a convolution's partial sum, the gradient of an input split over the model axis, or a sum of
+    such partial sums (`propagation.split_axes`); (1, 1) elsewhere."""
+    return _splits(facts, rows, axes)[2]
+
+
 def _splits(facts, rows, axes):
     step = facts.traced.step
     per_representative = [_axis_dims(r.spec) for r in rows[: len(facts.variables)]]
@@ -33,19 +40,25 @@ def _splits(facts, rows, axes):
     cache = facts._model_splits
     if key not in cache:
         if not any(layout):  # nothing split over a model-parallel axis
-            cache[key] = np.ones(len(step.size)), None
+            cache[key] = np.ones(len(step.size)), None, (np.ones(len(step.size)), np.ones(len(step.size)))
         else:
             rep_of = facts.representative_index([v.path for v in facts.traced.variables])
             weight_splits = [per_representative[i] for i in rep_of]
-            splits, enlarged, before = propagation.split_axes(step, weight_splits, dict(zip(propagation.AXES, key[1:])))
+            sizes = dict(zip(propagation.AXES, key[1:]))
+            splits, enlarged, before, reduced = propagation.split_axes(step, weight_splits, sizes)
             whole = np.array(propagation.factors(splits, step.shape, axes, enlarged))
+            kept, layout = np.ones(len(step.size)), np.ones(len(step.size))
+            for g, split in reduced.items():
+                if whole[g] > 0:
+                    kept[g] = propagation.factors([split], [step.shape[g]], axes)[0] / whole[g]
+                    layout[g] = 0.5 if g in enlarged else 1.0  # written in two layouts, or one (a sum of them)
             shares = np.ones(len(step.size))
             casts = _narrowing_casts(step, before)
-            kept = [g for g in before if g not in casts and whole[g] > 0]
-            if kept:
-                split = propagation.factors([before[g] for g in kept], [step.shape[g] for g in kept], axes)
-                shares[kept] = np.array(split) / whole[kept]
-            cache[key] = whole, shares
+            copied = [g for g in before if g not in casts and whole[g] > 0]
+            if copied:
+                split = propagation.factors([before[g] for g in copied], [step.shape[g] for g in copied], axes)
+                shares[copied] = np.array(split) / whole[copied]
+            cache[key] = whole, shares, (kept, layout)
     return cache[key]
 
 

@@ -40,7 +40,10 @@ the layer returns, the view's own):
 - a convolution whose kernel splits the channels it contracts makes a
   partial sum: whole, whatever reads it, and where it is the gradient of a
   split input, counted twice: XLA reduce-scatters it to the input's split
-  from a copy with the channels leading (cuDNN writes them last). A matrix
+  from a copy with the channels leading (cuDNN writes them last), at once:
+  its readers read it with the input's split (`partial_sums.reduced_at_once`
+  keeps the whole copies alive until the reduce-scatter is done); two such
+  sums that are added stay whole until then, and their sum is reduced. A matrix
   product's partial sum is counted as its readers split it: counted whole,
   the transformers whose residual stream is split went further over XLA's
   figure (docs/plan.md, "Following the model axis through the step").
@@ -94,8 +97,9 @@ PARAMS = {
 def split_axes(step, weight_splits, sizes=None):
     """Per buffer of `step`: {axis: dimension} of the model-parallel axes that split it ({} when none); the
     buffers a device holds more of -> {axis: times}: a convolution's partial sum that is a split input's gradient
-    twice (two layouts), a folded zero pad's gathered operand padded (`zero_pads`); and the buffers a matrix
-    product gathers whole -> the split they have before it.
+    twice (two layouts), a folded zero pad's gathered operand padded (`zero_pads`); the buffers a matrix
+    product gathers whole -> the split they have before it; and those partial sums -> the input's split, which
+    the reduce-scatter gives them at once and their readers read.
 
     `weight_splits`: per variable index (`step.weight_of`), {axis: dimension}
     of its layout on the candidate mesh; `sizes`: {axis: devices} of that
@@ -113,23 +117,32 @@ def split_axes(step, weight_splits, sizes=None):
     memo = {}  # run key -> what `_run` gives for it
     gathered = {}  # buffer -> the axes a matrix product or a convolution gathers it over
     by_products = set()  # those a matrix product gathers
-    summed = set()  # a convolution's partial sums: whole until their reduction, whatever reads them
+    summed = set()  # convolutions' partial sums and sums of them: whole until their reduction, whatever reads them
     enlarged = {}  # a split input's gradient -> {axis: 2}: reduce-scattered from a features-first copy
+    reduced = {}  # such a gradient -> the input's split: what the reduce-scatter leaves, and its readers read
     views = {}  # buffer -> {shape: split} of the values of other shapes a call wrote it as (a transpose's view)
     for item in step.agenda:
         if item[0] == "acc":
             # a part may be a view of the sum's shape (a reader took the tensor through a reshape)
-            splits[item[1]] = _merged([_fit(splits[x], step.shape[x], step.shape[item[1]], sizes) for x in item[2]])
+            parts = [_fit(reduced.get(x, splits[x]), step.shape[x], step.shape[item[1]], sizes) for x in item[2]]
+            splits[item[1]] = _merged(parts)
             views.pop(item[1], None)
+            if all(x in reduced and step.shape[x] == step.shape[item[1]] for x in item[2]):
+                # XLA adds the partial sums whole and reduce-scatters their sum once (ReduceScatterReassociate)
+                for x in item[2]:
+                    del reduced[x]
+                    enlarged.pop(x, None)  # whole in one layout until they are added
+                reduced[item[1]], splits[item[1]] = splits[item[1]], {}
+                summed.add(item[1])
         if item[0] != "run":
             continue
         _, (p, mapping), lo, hi = item
         before, env = forward.get(id(mapping), (None, {}))
         fixed = frozenset(x for x, g in mapping.items() if g is not None and _fixed(step, g))
-        given = {
-            x: _given(splits, views, mapping[x], step.shape[mapping[x]], p.flat.shape[x], sizes)
+        given = {  # a partial sum reduced at once is read with its reduced split
+            x: _given(reduced.get(g, splits[g]), views, g, step.shape[g], p.flat.shape[x], sizes)
             for x in (*p.w, *p.c, *p.a, *p.ct)
-            if mapping.get(x) is not None
+            if (g := mapping.get(x)) is not None
         }
         key = (
             id(p),
@@ -149,6 +162,7 @@ def split_axes(step, weight_splits, sizes=None):
             primal = mapping.get(p.a[p.ga.index(x)]) if x in p.ga else None
             if primal is not None and splits[primal]:  # XLA gives an input's gradient the input's split
                 enlarged[mapping[x]] = {a: 2.0 for a in splits[primal]}
+                reduced[mapping[x]] = _fit(splits[primal], step.shape[primal], step.shape[mapping[x]], sizes)
         own = set()  # buffers a value of their own shape split here: a view of another shape (a transpose's) keeps it
         written = {}  # buffer -> {shape: split} of the views of other shapes written here
         for x, s in env.items():
@@ -178,7 +192,7 @@ def split_axes(step, weight_splits, sizes=None):
             splits[g] = {a: d for a, d in splits[g].items() if a not in axes}
     for g, source in step.derived.items():
         splits[g] = dict(splits[source])
-    return splits, enlarged, before
+    return splits, enlarged, before, reduced
 
 
 def _run(f, lo, hi, env, given, fixed, sizes):
@@ -224,11 +238,11 @@ def _run(f, lo, hi, env, given, fixed, sizes):
     return env, gathered, summed, by_products
 
 
-def _given(splits, views, g, buffer_shape, shape, sizes):
-    """The split a call's value of `shape` takes from buffer `g`: a view's own where a call wrote `g` as one of that
-    shape (a transpose's: its dimensions are the buffer's in another order), else the buffer's, fitted."""
+def _given(split, views, g, buffer_shape, shape, sizes):
+    """The split a call's value of `shape` takes from buffer `g` (split `split`): a view's own where a call wrote `g`
+    as one of that shape (a transpose's: its dimensions are the buffer's in another order), else `split`, fitted."""
     seen = views.get(g, {})
-    return seen[tuple(shape)] if tuple(shape) in seen else _fit(splits[g], buffer_shape, shape, sizes)
+    return seen[tuple(shape)] if tuple(shape) in seen else _fit(split, buffer_shape, shape, sizes)
 
 
 def _fit(split, shape, buffer_shape, sizes):

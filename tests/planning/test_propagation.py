@@ -93,7 +93,7 @@ def test_a_column_then_row_parallel_mlp_splits_its_width_and_keeps_the_residual_
 
 def test_a_position_table_split_on_its_hidden_size_splits_the_residual_stream():
     traced = _traced(_language_model)
-    splits, _, before = _split_axes(traced, {**MEGATRON, "position_table/embeddings": {"model": 1}})
+    splits, _, before, _ = _split_axes(traced, {**MEGATRON, "position_table/embeddings": {"model": 1}})
     residual = _buffers(traced.step, (TRACE_BATCH, SEQUENCE, HIDDEN))
     assert any(splits[g] == {"model": 2} for g in residual)  # what the normalization saves for the backward
     # The up projection contracts the hidden size while its kernel splits its width: XLA gathers its input whole,
@@ -333,25 +333,70 @@ def test_a_convolution_gathers_an_input_split_on_the_channels_it_reads_whole():
     """XLA:GPU all-gathers the second convolution's input and keeps the whole copy for the weight gradient, on
     every mesh (nothing kept aside to be gathered again, as a matrix product's operand is)."""
     traced = _traced(_convolutions)
-    splits, twice, before = _split_axes(traced, CHANNELS)
+    splits, twice, before, reduced = _split_axes(traced, CHANNELS)
     relu_input = _input_of(traced.step, "re_lu")
     assert splits[relu_input] == {"model": 3}  # the first convolution's output channels
     second_input = _input_of(traced.step, "second")
     assert splits[second_input] == {} and second_input not in before  # gathered whole
     # The second convolution's input gradient is a partial sum over its split channels: whole, and reduce-scattered
-    # to the split its reader (the ReLU's backward) takes from a copy with the channels leading.
+    # at once to the split of the input it is the gradient of, from a copy with the channels leading.
     partial = [g for g in twice if traced.step.shape[g] == (TRACE_BATCH, 8, 8, 16)]
     assert len(partial) == 1 and splits[partial[0]] == {} and twice[partial[0]] == {"model": 2.0}
+    assert reduced == {partial[0]: {"model": 3}}
     shares = factors(splits, traced.step.shape, {"model": 4}, twice)
     assert shares[partial[0]] == 2.0 and shares[relu_input] == 0.25
     assert factors(splits, traced.step.shape, {"model": 1}, twice)[partial[0]] == 1.0
 
 
+def _padded_convolutions():
+    """Two convolutions whose kernels split their output channels, a zero pad between them (a ResNet's)."""
+    images = keras.Input((8, 8, 4))
+    x = keras.layers.ReLU()(keras.layers.Conv2D(16, 3, padding="same", name="first")(images))
+    x = keras.layers.Conv2D(16, 3, name="second")(keras.layers.ZeroPadding2D(1, name="pad")(x))
+    return keras.Model(images, keras.layers.Dense(10, name="head")(keras.layers.GlobalAveragePooling2D()(x)))
+
+
+def test_a_convolutions_partial_sum_is_read_as_the_reduce_scatter_leaves_it():
+    """XLA reduce-scatters the second convolution's input gradient (the padded value's, a partial sum) before the
+    pad's backward slices it: the slice's output, the ReLU output's gradient, is split over the model axis as the
+    ReLU's output is, not whole (keras-hub's ResNet on model=8 of 8 deviceless H100s: the padded f32[64,64,34,34]
+    sum, then f32[64,32,32,8] only)."""
+    traced = _traced(_padded_convolutions)
+    splits, twice, _, reduced = _split_axes(traced, CHANNELS)
+    partial = [g for g in twice if traced.step.shape[g] == (TRACE_BATCH, 10, 10, 16)]
+    assert len(partial) == 1 and splits[partial[0]] == {} and reduced == {partial[0]: {"model": 3}}
+    born = traced.step.lifetimes()[0]
+    sliced = [g for g in _cotangents(traced.step, (TRACE_BATCH, 8, 8, 16)) if born[g] == born[partial[0]] + 1]
+    assert len(sliced) == 1 and splits[sliced[0]] == {"model": 3}
+
+
 def test_a_depthwise_convolution_keeps_its_input_split_on_the_channels_its_kernel_splits():
     traced = _traced(lambda: _convolutions(depthwise=True))
-    splits, _, _ = _split_axes(traced, CHANNELS)
+    splits = _splits(traced, CHANNELS)
     assert splits[_input_of(traced.step, "depthwise")] == {"model": 3}  # each device convolves its own channels
     assert splits[_input_of(traced.step, "second")] == {}
+
+
+def _two_readers_of_a_split_input():
+    """A ResNet block's start: a shortcut and a branch convolution both read one channel-split value."""
+    images = keras.Input((8, 8, 4))
+    x = keras.layers.ReLU()(keras.layers.Conv2D(16, 3, padding="same", name="first")(images))
+    shortcut = keras.layers.Conv2D(16, 1, name="shortcut")(x)
+    x = keras.layers.Add()([shortcut, keras.layers.Conv2D(16, 3, padding="same", name="branch")(x)])
+    return keras.Model(images, keras.layers.Dense(10, name="head")(keras.layers.GlobalAveragePooling2D()(x)))
+
+
+def test_two_partial_sums_of_one_inputs_gradient_are_added_whole_and_reduce_scattered_once():
+    """XLA reassociates the reduce-scatters of two partial sums that are added (ReduceScatterReassociate): both
+    stay whole, in one layout, until the sum, which is reduce-scattered once (ResNet50 on model=8 of 8 deviceless
+    H100s: two f32[256,56,56,256] input gradients and their sum, channels first, alive together at its peak)."""
+    layout = {"first/kernel": {"model": 3}, "shortcut/kernel": {"model": 3}, "branch/kernel": {"model": 3}}
+    traced = _traced(_two_readers_of_a_split_input)
+    splits, twice, _, reduced = _split_axes(traced, layout)
+    acc = [item for item in traced.step.agenda if item[0] == "acc" and item[1] in reduced]
+    assert len(acc) == 1 and reduced == {acc[0][1]: {"model": 3}} and splits[acc[0][1]] == {}
+    parts = acc[0][2]
+    assert len(parts) == 2 and all(splits[x] == {} and x not in twice for x in parts)  # whole, one layout
 
 
 class _RunningSum(keras.layers.Layer):
