@@ -1071,6 +1071,20 @@ def resized(entry, batch=None, sequence=None, dtype=None):
     return label, cls, config, batch, entry_sequence
 
 
+def at_width(entry, hidden, layers):
+    """A widened family's config entry (h256, 2 layers) at hidden size `hidden` (MLP 4x) and `layers` layers,
+    named so in its label."""
+    label, cls, config, batch, sequence = entry
+    sizes = dict(hidden_dim=hidden, intermediate_dim=4 * hidden, mlp_dim=4 * hidden, num_layers=layers)
+    return (
+        label.replace("h256 2 layers", f"h{hidden} {layers} layers"),
+        cls,
+        {k: sizes.get(k, _per_layer(v, config["num_layers"], layers)) for k, v in config.items()},
+        batch,
+        sequence,
+    )
+
+
 def config_named(model):
     """The first entry of the config lists above (CONFIGS ... CNNS_HELD_OUT) whose label begins with `model`'s words."""
     words = model.split()
@@ -1202,17 +1216,7 @@ def main():
                 f"--mixed-precision, --mixed-float16); the configs chosen include {narrow!r}"
             )
         hidden, layers = (int(n) for n in args.width.split(","))
-        sizes = dict(hidden_dim=hidden, intermediate_dim=4 * hidden, mlp_dim=4 * hidden, num_layers=layers)
-        configs = [
-            (
-                label.replace("h256 2 layers", f"h{hidden} {layers} layers"),
-                cls,
-                {k: sizes.get(k, _per_layer(v, config["num_layers"], layers)) for k, v in config.items()},
-                batch,
-                sequence,
-            )
-            for label, cls, config, batch, sequence in configs
-        ]
+        configs = [at_width(c, hidden, layers) for c in configs]
     suffix = ("" if devices == DEVICES else f"_{devices}") + (f"_s{args.sequence}" if args.sequence else "")
     suffix += f"_h{hidden}_l{layers}" if args.width else ""
     suffix += f"_{args.dtype}" if args.dtype else ""

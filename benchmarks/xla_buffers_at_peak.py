@@ -18,6 +18,8 @@ Run: JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt2 --d
          --sequence 512 --meshes "data=16"
      JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 1 --batch 4
      JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model llama3 --batch 256 --remat --meshes "data=8"
+     JAX_PLATFORMS=cpu python benchmarks/xla_buffers_at_peak.py --model deberta_v3 --width 1024,4 --dtype bfloat16 \
+         --meshes "data=2,model=4"
      JAX_PLATFORMS=cpu XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true \
          python benchmarks/xla_buffers_at_peak.py --model gpt2 --devices 8 --meshes "data=8;fsdp=8"
 Appends to benchmarks/results/xla_buffers_at_peak.json (one entry per model, device count, batch and
@@ -47,6 +49,7 @@ os.environ["XLA_FLAGS"] = f"{XLA_FLAGS} --xla_dump_to={DUMP}".strip()
 from planner_vs_deviceless_sharded import (  # noqa: E402
     PLAN_OPTIONS,
     VERIFY_TARGET,
+    at_width,
     config_named,
     hub_builder,
     resized,
@@ -150,6 +153,7 @@ def main():
     parser.add_argument("--sequence", type=int, default=None, help="tokens per example (default: the config's)")
     parser.add_argument("--dtype", default=None, help="a Keras dtype policy for the model (named in its label)")
     parser.add_argument("--remat", action="store_true", help="plan and compile with remat=True (named in the label)")
+    parser.add_argument("--width", default="", help="HIDDEN,LAYERS for a widened family (h256, 2 layers), e.g. 1024,4")
     args = parser.parse_args()
 
     import kdist  # after XLA_FLAGS
@@ -157,7 +161,12 @@ def main():
 
     kdist.fake_devices(args.devices)
     # The label keeps the config's batch: `--batch` is stored beside it.
-    label, cls, config, batch, sequence = resized(config_named(args.model), sequence=args.sequence, dtype=args.dtype)
+    entry = config_named(args.model)
+    if args.width:
+        if not re.fullmatch(r"\d+,\d+", args.width) or "h256 2 layers" not in entry[0]:
+            parser.error(f"--width takes HIDDEN,LAYERS for a widened family (h256, 2 layers); got {args.width!r}")
+        entry = at_width(entry, *(int(n) for n in args.width.split(",")))
+    label, cls, config, batch, sequence = resized(entry, sequence=args.sequence, dtype=args.dtype)
     batch = args.batch or batch
     label += " remat" if args.remat else ""
     build = hub_builder(cls, config)
