@@ -79,7 +79,8 @@ planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run h
 Gemma 4, T5Gemma), into planner_vs_deviceless_newest_families.json (with --dtype bfloat16 and --devices 16 into
 ..._bfloat16.json and ..._16.json); with --other-backbones nine more (`OTHER_BACKBONES`: T5Gemma 2, Gemma 3n,
 PaliGemma, ViTDet, MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into
-planner_vs_deviceless_other_backbones.json; with --untried-backbones four more compiled after every rule
+planner_vs_deviceless_other_backbones.json (with --devices 16 --models resnet,xception, two of them on 16 devices,
+into ..._16.json); with --untried-backbones four more compiled after every rule
 (`UNTRIED_BACKBONES`: Qwen-MoE, CLIP's and SigLIP's vision encoders, CSPNet), into
 planner_vs_deviceless_untried_backbones.json; with --more-backbones ten more (`MORE_BACKBONES`: Qwen, Moonshine,
 VideoPrism, SegFormer, DeepLabV3, MobileNetV3, DepthAnything, RetinaNet, BASNet, PARSeq), into
