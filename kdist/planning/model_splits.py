@@ -47,10 +47,10 @@ def _splits(facts, rows, axes):
             sizes = dict(zip(propagation.AXES, key[1:]))
             splits, enlarged, before, reduced = propagation.split_axes(step, weight_splits, sizes)
             whole = np.array(propagation.factors(splits, step.shape, axes, enlarged))
-            kept, layout = np.ones(len(step.size)), np.ones(len(step.size))
+            after, layout = np.ones(len(step.size)), np.ones(len(step.size))
             for g, split in reduced.items():
                 if whole[g] > 0:
-                    kept[g] = propagation.factors([split], [step.shape[g]], axes)[0] / whole[g]
+                    after[g] = propagation.factors([split], [step.shape[g]], axes)[0] / whole[g]
                     layout[g] = 0.5 if g in enlarged else 1.0  # written in two layouts, or one (a sum of them)
             shares = np.ones(len(step.size))
             casts = _narrowing_casts(step, before)
@@ -58,7 +58,7 @@ def _splits(facts, rows, axes):
             if copied:
                 split = propagation.factors([before[g] for g in copied], [step.shape[g] for g in copied], axes)
                 shares[copied] = np.array(split) / whole[copied]
-            cache[key] = whole, shares, (kept, layout)
+            cache[key] = whole, shares, (after, layout)
     return cache[key]
 
 

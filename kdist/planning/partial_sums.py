@@ -16,8 +16,8 @@ from kdist.planning import model_splits
 
 
 def reduced_at_once(facts, rows, axes, factor, batch_split):
-    """`factor` with each such sum counted at the share the reduce-scatter leaves, and the bytes of its whole
-    copies per event (Returns (factor, copies)).
+    """(`factor` with each such sum counted at the share the reduce-scatter leaves, the bytes of their whole copies
+    per event).
 
     The kernel making a convolution's partial sum writes it in cuDNN's layout
     and again with the channels leading, which the reduce-scatter reads: both
