@@ -1,4 +1,5 @@
-"""docs/plan.md's tables of estimate / XLA's figure say what the stored rows say, so no re-estimate leaves them stale.
+"""docs/plan.md's tables of estimate / XLA's figure, and README.md's count of them, say what the stored rows say, so
+no re-estimate leaves them stale.
 
 Each table of docs/plan.md is read against the stored results
 (`benchmarks/results/planner_vs_deviceless_*.json`, or `..._*.json` for short)
@@ -13,6 +14,7 @@ stored row has (a config planned once, not stored) is not checked;
 `test_the_checks_reach_most_of_the_tables` keeps that rare.
 """
 
+import importlib.util
 import json
 import pathlib
 import re
@@ -135,3 +137,40 @@ def test_the_checks_reach_most_of_the_tables():
     cells = list(_checked_cells())
     unmatched = [where for where, _, stored in cells if stored is None]
     assert len(cells) > 1000 and len(unmatched) < 0.05 * len(cells), unmatched
+
+
+def _planner_accuracy():
+    """benchmarks/planner_accuracy.py as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("planner_accuracy", ROOT / "benchmarks" / "planner_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_counts_every_stored_row_as_the_stored_rows_say():
+    accuracy = _planner_accuracy()
+    rows = list(accuracy.stored_rows())
+    table = accuracy.counts(rows)
+    assert accuracy.readme_table((ROOT / "README.md").read_text()) == accuracy.markdown(table), (
+        "README.md's accuracy table is stale: run python benchmarks/planner_accuracy.py"
+    )
+    every = table["all"]
+    assert every["rows"] == len(rows) == sum(t["rows"] for name, t in table.items() if name != "all")
+    assert every["accepted"] + every["under"] + every["over"] == every["rows"]
+
+
+def test_the_accuracy_count_puts_each_row_in_one_column_by_its_ratio():
+    accuracy = _planner_accuracy()
+
+    def row(estimate, band=True, in_band=True):
+        return "f.json", {"estimate": estimate, "xla_gpu_deviceless": 100.0, "ratio": estimate / 100.0} | (
+            {"band_class": "fsdp transformers", "in_band": in_band} if band else {}
+        )
+
+    table = accuracy.counts([row(94.9, in_band=False), row(95.0), row(110.0), row(110.1), row(120.0, in_band=False)])
+    assert table["fsdp transformers"] == {
+        "rows": 5, "accepted": 2, "under": 1, "over": 2, "in_band": 3, "under_band": 1
+    }  # fmt: skip
+    assert accuracy.counts([row(90.0, band=False)])[accuracy.NO_BAND] == {
+        "rows": 1, "accepted": 0, "under": 1, "over": 0, "in_band": 0, "under_band": 0
+    }  # fmt: skip
