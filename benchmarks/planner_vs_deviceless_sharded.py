@@ -59,7 +59,9 @@ tokens, into ..._s64.json; with --models llama3,electra,deberta_v3,xlm_roberta
 float16 into ..._float16.json; with --width 512,4
 --models llama3,qwen3,xlm_roberta,t5,gemma3,smollm3,electra,bart,deberta_v3,esm, ten at hidden 512 and 4 layers,
 into ..._h512_l4.json, and with --devices 16 --models gemma3,t5 two of them on 16 devices, into
-..._16_h512_l4.json; with --devices 32 --batch 128 --models llama3,xlm_roberta, two on 32 devices,
+..._16_h512_l4.json; with --models gemma3 --width 768,4 --meshes "model=8;data=2,model=4;fsdp=2,model=4;data=8",
+Gemma 3 at hidden 768 on four meshes, into ..._h768_l4.json; with --devices 32 --batch 128 --models
+llama3,xlm_roberta, two on 32 devices,
 into ..._32.json; with --devices 6 --batch 48 --models llama3,qwen3,xlm_roberta,gemma3, four on 6 devices,
 into ..._6.json, and with --width 384,2 --models llama3,xlm_roberta,gemma3 at hidden 384 into
 ..._6_h384_l2.json; with --devices 2 --batch 16 --models llama3,qwen3,xlm_roberta,gemma3,t5, five on 2 devices,
@@ -77,7 +79,8 @@ into ..._4_remat.json, and with --remat --dtype bfloat16 --batch 128 --models ll
 keras-hub backbones kdist.zoo does not have (`FAMILIES_OUTSIDE_ZOO`: XLNet, ESM-2, EdRec, RWKV-7, DINOv3, Swin), into
 planner_vs_deviceless_outside_zoo.json; with --newest-families two more no run had compiled (`NEWEST_FAMILIES`:
 Gemma 4, T5Gemma), into planner_vs_deviceless_newest_families.json (with --dtype bfloat16 and --devices 16 into
-..._bfloat16.json and ..._16.json); with --other-backbones nine more (`OTHER_BACKBONES`: T5Gemma 2, Gemma 3n,
+..._bfloat16.json and ..._16.json, with --models gemma4 --width 512,4 and the four meshes above into
+..._h512_l4.json); with --other-backbones nine more (`OTHER_BACKBONES`: T5Gemma 2, Gemma 3n,
 PaliGemma, ViTDet, MiT, VGG, ResNet with basic blocks, Xception, HGNetV2), into
 planner_vs_deviceless_other_backbones.json (with --devices 16 --models resnet,xception, two of them on 16 devices,
 into ..._16.json); with --untried-backbones four more compiled after every rule

@@ -173,6 +173,16 @@ SOFT_CAP_HIGH = 1.30
 # of such a candidate on a GPU reaches it.
 SHARED_INPUT_HIGH = 1.23
 
+# A norm of a sublayer's output projection (Gemma's post-attention and post-MLP norms; a layer scale: a weight gradient
+# summed from a matrix product's output alone, `gradient_waits.normalizes_a_product`), on a model axis: XLA:GPU ran
+# Gemma 3's weight-gradient kernels and its norms' scale-gradient sums after its whole backward, keeping what they
+# read, which the estimate does not follow (docs/plan.md, "A norm's scale gradient, waiting"). XLA's figure / the
+# estimate was at most PRODUCT_NORM_HIGH on the stored model-axis rows of such models without a band of their own
+# (a soft cap, a shared input: Gemma 3, Gemma 3n, DINOv2, DINOv3, DepthAnything, SigLIP's vision encoder): Gemma 3's
+# data=2,model=8 at hidden 1024 on 16 H100s the most, 1.185, rounded up. Drawn on 2026-12-07 from rows that were
+# above the model-axis band's top; the band of such a candidate on a GPU reaches it.
+PRODUCT_NORM_HIGH = 1.19
+
 # 16-bit compute (a mixed_bfloat16 policy, a bfloat16 or float16 model, `dtype="bfloat16"`): XLA:GPU's figure / the
 # estimate was at most MIXED_PRECISION_HIGH on every stored row computed in 16 bits (mixed_bfloat16, mixed_float16,
 # bfloat16 and float16 throughout, 2 to 16 H100s; the families with a band of their own, SHARED_INPUT_HIGH, aside),

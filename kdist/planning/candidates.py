@@ -11,6 +11,7 @@ from kdist.planning.calibration import (
     MIXED_PRECISION_HIGH,
     MOE_FSDP_HIGH,
     MOE_HIGH,
+    PRODUCT_NORM_HIGH,
     REMAT_HIGH,
     REMAT_LOW,
     SHARED_INPUT_HIGH,
@@ -102,6 +103,14 @@ def band(facts, axes, peak):
             "a model axis: XLA:GPU all-reduces their input gradients late, several together, and keeps values of that "
             "backward the estimate does not all count (encoder-decoders on 2 to 64 H100s came to up to "
             f"{SHARED_INPUT_HIGH:.2f}x the estimate), so the band reaches that"
+        )
+    if facts.traced.normed_products and axes.get("model", 1) > 1 and PRODUCT_NORM_HIGH > high:
+        high = PRODUCT_NORM_HIGH
+        reasons.append(
+            "a norm of a sublayer's output projection (Gemma's post-attention and post-MLP norms) on a model axis: "
+            "XLA:GPU ran Gemma 3's weight-gradient kernels and those norms' scale-gradient sums after the whole "
+            "backward, keeping what they read (Gemma 3 at hidden 512 and 1024 on 8 and 16 H100s came to up to "
+            f"{PRODUCT_NORM_HIGH:.2f}x the estimate), so the band reaches that"
         )
     if facts.act_itemsize == 2 and MIXED_PRECISION_HIGH > high:
         high = MIXED_PRECISION_HIGH

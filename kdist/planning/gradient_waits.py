@@ -69,6 +69,28 @@ def kernel_making(step, t, grads, start, born):
     return source, grads
 
 
+def normalizes_a_product(step):
+    """Whether a reduction makes a weight gradient from a matrix product's output of rank 3 alone (directly, or
+    through a sum the reduction finishes): the scale gradient of a norm that takes a sublayer's output projection
+    (Gemma's post-attention and post-MLP norms), or of a layer scale (DINOv2's). A query or key norm's input has a
+    heads dimension; a norm of the residual stream sums it too. On a model axis XLA:GPU ran Gemma 3's weight-gradient
+    kernels and its norms' scale-gradient sums after its whole backward (docs/plan.md, "A norm's scale gradient,
+    waiting"), which the estimate does not follow: `calibration.PRODUCT_NORM_HIGH`."""
+    born, start = step.lifetimes()[0], step.bwd_start or 0
+    for t, (made, read, _) in enumerate(step.events[start:], start=start):
+        if step.event_kinds[t] != "reduction" or not any(step.term[g] == "gradients" for g in made):
+            continue
+        summed = list(read)
+        inner = [u for u in read if step.term[u] != "external"]
+        if len(inner) == 1 and born[inner[0]] >= start and step.event_kinds[born[inner[0]]] == "reduction":
+            summed += step.events[born[inner[0]]][1]  # a sum finishing a sum: the first reads the batch buffers
+        # the one rank-3 value it sums of the forward's (a norm of a product and the residual stream sums two)
+        values = [u for u in set(summed) if step.term[u] in ("activations", "external") and len(step.shape[u]) == 3]
+        if len(values) == 1 and born[values[0]] >= 0 and step.event_gemms[born[values[0]]]:
+            return True
+    return False
+
+
 def _next_block_gathers(step, sizes):
     """{weight-gradient kernel's event: the first event after it where another block's recomputed forward gathers
     an FSDP-split weight again (a gathered copy born in the backward, `sizes` > 0)}, for the kernels that have one.

@@ -29,6 +29,7 @@ from kdist.keras_internals import (
 )
 from kdist.planning.attention import default_attention, forced_attention
 from kdist.planning.buffers import Rules, analyse
+from kdist.planning.gradient_waits import normalizes_a_product
 from kdist.planning.layouts import copy_operands
 from kdist.planning.timeline import Step
 from kdist.planning.trace import TRACE_BATCH, Loop, label_shape, loss_reads, trace_layer, trace_loss
@@ -58,6 +59,7 @@ class TracedStep:
     capped_scores: bool = False  # a tanh over attention scores: a logit soft cap (Gemma 2), `candidates.band`
     labels: tuple = ()  # per output the loss reads (float, rank >= 2, in order): its labels' traced shape (`verify`)
     shared_input: bool = False  # an activation several weighted layers read (an encoder's output), `candidates.band`
+    normed_products: bool = False  # a norm of a sublayer's output projection (Gemma's), `candidates.band`
 
     @property
     def family(self):
@@ -146,9 +148,10 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
     convolutions = any(name.startswith("conv_general") for name, _, _ in eqns)
     capped = any(name == "tanh" and len(shapes[0]) >= 4 and "attention" in scope for name, shapes, scope in eqns)
     programs, shared = len(walk.programs), walk.shared_input()
-    return TracedStep(
+    traced = TracedStep(
         step, variables, platform, mode, taken, remat, seconds, programs, notes, convolutions, capped, labels, shared
     )
+    return dataclasses.replace(traced, normed_products=normalizes_a_product(step))
 
 
 class _Walk:

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 
 import kdist
-from kdist.planning.gradient_waits import reduction_groups, reduction_order
+from kdist.planning.gradient_waits import normalizes_a_product, reduction_groups, reduction_order
 from tests.planning.test_memory_model import _recorded_factors
 
 
@@ -150,3 +150,30 @@ def test_a_weight_several_calls_read_has_one_gradient_sum_and_one_whole_copy_red
     assert curves["unreduced"][group_end] == size
     # each running sum written over the sum (or part) it adds to, the last part under the sum's whole copy: 3 of 7
     assert curves["gradients"][group_end] == 3 * size
+
+
+def _normed_blocks(where):
+    """Two residual blocks whose LayerNormalization takes the Dense's output ("product": Gemma's post-sublayer norm),
+    the residual sum ("sum": BERT's post-norm) or the block's input ("input": a pre-norm)."""
+    inputs = keras.Input((16, 32))
+    x = inputs
+    for _ in range(2):
+        norm = keras.layers.LayerNormalization()
+        if where == "product":
+            x = keras.layers.add([x, norm(keras.layers.Dense(32)(x))])
+        elif where == "sum":
+            x = norm(keras.layers.add([x, keras.layers.Dense(32)(x)]))
+        else:
+            x = keras.layers.add([x, keras.layers.Dense(32)(norm(x))])
+    return keras.Model(inputs, keras.layers.Dense(4)(x))
+
+
+def test_only_a_norm_of_a_matrix_products_output_is_found(monkeypatch):
+    found = {}
+    for where in ("product", "sum", "input"):
+        seen = _recorded_factors(monkeypatch)
+        kdist.plan(kdist.abstract_model(lambda w=where: _normed_blocks(w)), 8, batch_size=64, target="h100")
+        traced = seen[0][0].traced
+        assert traced.normed_products == normalizes_a_product(traced.step)
+        found[where] = traced.normed_products
+    assert found == {"product": True, "sum": False, "input": False}
