@@ -89,36 +89,39 @@ def band(facts, axes, peak):
             f"fused attention: where the GPU does not take cuDNN's kernel the step keeps the scores (measured on an "
             f"H100: ViT-Base bf16 up to {FUSED_GPU_HIGH:.2f}x the fused estimate), so the band reaches that"
         )
-    if facts.traced.capped_scores and SOFT_CAP_HIGH > high:
-        high = SOFT_CAP_HIGH
-        reasons.append(
+    on_model_axis = axes.get("model", 1) > 1
+    wider = (  # (whether the candidate has the trait, the band's top it takes, why), in this order
+        (
+            facts.traced.capped_scores,
+            SOFT_CAP_HIGH,
             "a logit soft cap on the attention scores: XLA:GPU keeps values of the capped scores that the estimate "
-            f"fuses away (kdist's Gemma 2 at hidden 256 on 4 to 16 H100s came to up to {SOFT_CAP_HIGH:.2f}x the "
-            "estimate), so the band reaches that"
-        )
-    if facts.traced.shared_input and axes.get("model", 1) > 1 and SHARED_INPUT_HIGH > high:
-        high = SHARED_INPUT_HIGH
-        reasons.append(
+            "fuses away (kdist's Gemma 2 at hidden 256 on 4 to 16 H100s came to up to",
+        ),
+        (
+            facts.traced.shared_input and on_model_axis,
+            SHARED_INPUT_HIGH,
             "an activation several layers read (an encoder's output, read by each decoder layer's cross attention) on "
             "a model axis: XLA:GPU all-reduces their input gradients late, several together, and keeps values of that "
-            "backward the estimate does not all count (encoder-decoders on 2 to 64 H100s came to up to "
-            f"{SHARED_INPUT_HIGH:.2f}x the estimate), so the band reaches that"
-        )
-    if facts.traced.normed_products and axes.get("model", 1) > 1 and PRODUCT_NORM_HIGH > high:
-        high = PRODUCT_NORM_HIGH
-        reasons.append(
+            "backward the estimate does not all count (encoder-decoders on 2 to 64 H100s came to up to",
+        ),
+        (
+            facts.traced.normed_products and on_model_axis,
+            PRODUCT_NORM_HIGH,
             "a norm of a sublayer's output projection (Gemma's post-attention and post-MLP norms) on a model axis: "
             "XLA:GPU ran Gemma 3's weight-gradient kernels and those norms' scale-gradient sums after the whole "
-            "backward, keeping what they read (Gemma 3 at hidden 512 and 1024 on 8 and 16 H100s came to up to "
-            f"{PRODUCT_NORM_HIGH:.2f}x the estimate), so the band reaches that"
-        )
-    if facts.act_itemsize == 2 and MIXED_PRECISION_HIGH > high:
-        high = MIXED_PRECISION_HIGH
-        reasons.append(
+            "backward, keeping what they read (Gemma 3 at hidden 512 and 1024 on 8 and 16 H100s came to up to",
+        ),
+        (
+            facts.act_itemsize == 2,
+            MIXED_PRECISION_HIGH,
             "16-bit compute: XLA:GPU keeps float32 values and fixed buffers beside the half-size activations that the "
-            "estimate does not all count (eight keras-hub families in mixed_bfloat16 on 8 H100s came to up to "
-            f"{MIXED_PRECISION_HIGH:.2f}x the estimate), so the band reaches that"
-        )
+            "estimate does not all count (eight keras-hub families in mixed_bfloat16 on 8 H100s came to up to",
+        ),
+    )
+    for applies, top, why in wider:
+        if applies and top > high:
+            high = top
+            reasons.append(f"{why} {top:.2f}x the estimate), so the band reaches that")
     longest = facts.traced.step.longest_sublayer_backward()
     if longest > LONG_SPAN_KERNELS and collectives_overlap(facts.traced.step, axes) and LONG_SPAN_LOW < low:
         low = LONG_SPAN_LOW
