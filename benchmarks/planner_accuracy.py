@@ -7,8 +7,7 @@ per class of the band a plan prints (docs/plan.md, "What fits"), the rows issue
 21's rule accepts (0.95 <= estimate / XLA's figure <= 1.10), those more than 5%
 under, those more than 10% over, those inside the band the plan printed for
 them, and those under it (XLA's figure above the band's top: the plan promised
-too little). Rows stored without a band (planner_vs_gpu.py --deviceless, on 1 to
-4 devices) are counted apart. No compile runs here: it sums
+too little). Rows stored without a band are counted apart. No compile runs here: it sums
 what the stored rows say, so it is as current as their last re-estimate.
 
 Run: python benchmarks/planner_accuracy.py
