@@ -7,8 +7,8 @@ per class of the band a plan prints (docs/plan.md, "What fits"), the rows issue
 21's rule accepts (0.95 <= estimate / XLA's figure <= 1.10), those more than 5%
 under, those more than 10% over, those inside the band the plan printed for
 them, and those under it (XLA's figure above the band's top: the plan promised
-too little). Rows stored without a band are counted apart. No compile runs here: it sums
-what the stored rows say, so it is as current as their last re-estimate.
+too little). Rows stored without a band are counted apart. No compile runs here:
+it sums what the stored rows say, so it is as current as their last re-estimate.
 
 Run: python benchmarks/planner_accuracy.py
 Writes benchmarks/results/planner_accuracy.json and README.md's table (between
@@ -50,7 +50,7 @@ def counts(rows):
     table = collections.defaultdict(collections.Counter)
     for _, row in rows:
         ratio = row["estimate"] / row["xla_gpu_deviceless"]
-        banded = "in_band" in row
+        banded = row.get("in_band") is not None  # None: the plan printed no band (an uncalibrated target)
         for name in (row.get("band_class", NO_BAND), "all"):
             counter = table[name]
             counter["rows"] += 1
