@@ -133,6 +133,8 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax starts: the CUDA plugin registers without a GPU
 
+from planner_vs_gpu import band_fields  # noqa: E402
+
 from kdist.abstract import dtype_policy_scope  # noqa: E402  (after JAX_PLATFORMS: importing kdist imports jax)
 from kdist.rules.hub import BACKBONES  # noqa: E402
 from kdist.zoo import PUBLISHED, TINY  # noqa: E402
@@ -1267,8 +1269,7 @@ def main():
                     "estimate": c.peak,
                     "xla_gpu_deviceless": reference,
                     "ratio": round(c.peak / reference, 3),
-                    "band_class": c.band_class,
-                    "in_band": c.band[0] <= reference <= c.band[1] if c.band else None,
+                    **band_fields(c, reference),
                     "terms": c.to_dict()["bytes"],
                     "step_estimate": c.to_dict()["step_estimate"],
                 }

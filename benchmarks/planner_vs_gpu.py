@@ -134,7 +134,7 @@ def deviceless(args):
                         "estimate": cand.peak,
                         "xla_gpu_deviceless": cand.compiled["peak"],
                         "ratio": round(cand.ratio, 3),
-                        **_band(cand, cand.compiled["peak"]),
+                        **band_fields(cand, cand.compiled["peak"]),
                         "terms": cand.to_dict()["bytes"],
                     }
                 )
@@ -161,12 +161,12 @@ def _reestimate(rows, label, candidate):
             old = row["ratio"]
             row["estimate"] = candidate.peak
             row["ratio"] = round(candidate.peak / row["xla_gpu_deviceless"], 3)
-            row.update(_band(candidate, row["xla_gpu_deviceless"]))
+            row.update(band_fields(candidate, row["xla_gpu_deviceless"]))
             row["terms"] = candidate.to_dict()["bytes"]
             print(f"{label:46} {candidate.spec:16} {old:6.3f} -> {row['ratio']:6.3f}", flush=True)
 
 
-def _band(candidate, reference):
+def band_fields(candidate, reference):
     """The class of the band `candidate`'s plan printed, and whether XLA's figure `reference` is inside it."""
     inside = candidate.band[0] <= reference <= candidate.band[1] if candidate.band else None
     return {"band_class": candidate.band_class, "in_band": inside}

@@ -10,6 +10,7 @@ mesh-independent; `kdist.planning.memory_model` scales it per candidate.
 """
 
 import dataclasses
+import functools
 import math
 import time
 
@@ -59,7 +60,6 @@ class TracedStep:
     capped_scores: bool = False  # a tanh over attention scores: a logit soft cap (Gemma 2), `candidates.band`
     labels: tuple = ()  # per output the loss reads (float, rank >= 2, in order): its labels' traced shape (`verify`)
     shared_input: bool = False  # an activation several weighted layers read (an encoder's output), `candidates.band`
-    normed_products: bool = False  # a norm of a sublayer's output projection (Gemma's), `candidates.band`
 
     @property
     def family(self):
@@ -67,6 +67,12 @@ class TracedStep:
         if self.attention != "none":
             return "transformer"
         return "cnn" if self.convolutions else "other"
+
+    @functools.cached_property
+    def normed_products(self):
+        """Whether a weight gradient is summed from a matrix product's output alone (a norm of a sublayer's output
+        projection, Gemma's), `gradient_waits.normalizes_a_product`: `candidates.band`."""
+        return normalizes_a_product(self.step)
 
 
 def compute_dtype(model):
@@ -148,10 +154,9 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
     convolutions = any(name.startswith("conv_general") for name, _, _ in eqns)
     capped = any(name == "tanh" and len(shapes[0]) >= 4 and "attention" in scope for name, shapes, scope in eqns)
     programs, shared = len(walk.programs), walk.shared_input()
-    traced = TracedStep(
+    return TracedStep(
         step, variables, platform, mode, taken, remat, seconds, programs, notes, convolutions, capped, labels, shared
     )
-    return dataclasses.replace(traced, normed_products=normalizes_a_product(step))
 
 
 class _Walk:
