@@ -6,7 +6,7 @@ dimensions, each in its order. XLA:GPU's layout assignment keeps an
 operand's layout when it has that form (either run first) and otherwise
 has it written in (batch, free, contracted) order for a left operand and
 (batch, contracted, free) for a right one
-(`GpuLayoutAssignment::SetDotOperandLayout`). Two cases are met:
+(`GpuLayoutAssignment::SetDotOperandLayout`). Three cases are met:
 
 - A value an elementwise kernel makes and two such products read in
   different orders is written once per order, by that kernel (multi-output
@@ -24,17 +24,30 @@ has it written in (batch, free, contracted) order for a left operand and
   backward and writes k again there from the merged q/k/v output
   (`buffers._merged_gemms`), which it keeps on a mesh of several devices
   (docs/plan.md, "Copies of a projection's heads").
+- A forward elementwise value a backward product cannot read as the forward
+  wrote it is copied there, right before that product, from the value kept
+  since the forward. Where the forward wrote it is followed back through
+  transposes and elementwise operations to the value it is computed from,
+  which lies row-major (`_lies`): Gemma 2's attention probabilities lie as
+  its scores' GEMM wrote them, (b, k, s, t, g); the gradient of the values
+  (contracting g and t, in that order) cannot read them so, and XLA:GPU
+  transposes a copy of the kept probabilities in the backward
+  (`wrapped_transpose`, one per layer). Not modelled: a softmax over the
+  dimension innermost as it lies (Gemma 3's, whose scores lie (b, k, t, g,
+  s)) is one normalization kernel, which XLA:GPU runs again in the
+  backward from the scores instead, and the forward's probabilities are
+  not kept (docs/plan.md, "Probabilities read again in the backward").
 
-`copy_operands` writes an elementwise value's extra orders as its equation
-again, and a product's as a copy, each followed by a transpose (a layout,
-not a kernel: `buffers.ALIASES`). A value is taken to lie in its row-major
-order (XLA's default layout), seen through transposes. Not modelled:
-products without batch dimensions (MoE experts' weight products), for
-which XLA computed the value again inside each reader's kernel (GPT-OSS on
-data=8), an elementwise value read in the backward, and a backward
-product's output (RoBERTa's compiled step writes the output projection's
-input gradient by heads at once; copied, ELECTRA's and the Llama 3's
-estimates went 1.5-1.8% further over XLA's figures).
+`copy_operands` writes an elementwise value's extra orders within its part
+of the step as its equation again, the others as copies, each followed by
+a transpose (a layout, not a kernel: `buffers.ALIASES`). Within its part a
+value is taken to lie in its row-major order (XLA's default layout), seen
+through transposes. Not modelled: products without batch dimensions (MoE
+experts' weight products), for which XLA computed the value again inside
+each reader's kernel (GPT-OSS on data=8), and a backward product's output
+(RoBERTa's compiled step writes the output projection's input gradient by
+heads at once; copied, ELECTRA's and the Llama 3's estimates went 1.5-1.8%
+further over XLA's figures).
 """
 
 import jax
@@ -49,7 +62,9 @@ def copy_operands(p):
     takes the order XLA writes it in; each other order is the value's
     equation again and a transpose, right after that equation, read by the
     products of the value's part of the step (forward or backward) that
-    need it. A forward matrix product's output: each order is a copy and a
+    need it; a forward one that a backward product cannot read as the
+    forward wrote it, a copy and a transpose right before that product. A
+    forward matrix product's output: each order is a copy and a
     transpose, after the output's equation where a forward product reads
     that order, else right before the first backward product that does.
     Loop bodies are left as they are. Returns `p`, changed in place (its
@@ -73,7 +88,7 @@ def copy_operands(p):
                 made_by_product.setdefault(source, []).append((i, side, view, orders[side]))
             if (j < p.n_fwd) != (i < p.n_fwd):
                 continue
-            if f.eqns[j][0] in ELEMENTWISE and len(f.eqns[j][2]) == 1:
+            if _elementwise(j, f):
                 needs.setdefault(source, []).append((i, side, view, orders[side]))
     copies, after = {}, {}  # (source, view, order) -> the copy; equation index -> [equations to place after it]
     for source, readers in needs.items():
@@ -90,23 +105,136 @@ def copy_operands(p):
                     after[j].append(("transpose", [again], [c], view))
                 copies[source, view, order] = c
             f.eqns[i][1][side] = copies[source, view, order]
+    for source, readers in _read_in_other_orders_in_backward(p, producer).items():
+        _copy_before_readers(f, source, readers, after)
     for source, readers in made_by_product.items():
-        for order in dict.fromkeys(order for _, _, _, order in readers):
-            reading = [(i, side, view) for i, side, view, o in readers if o == order]
-            place = producer[source] if reading[0][0] < p.n_fwd else reading[0][0] - 1
-            copied = _new_like(f, source)
-            after.setdefault(place, []).append(("copy", [source], [copied], None))
-            views = {}
-            for i, side, view in reading:
-                if view not in views:
-                    views[view] = copied
-                    if view != tuple(range(len(view))):
-                        views[view] = _new_like(f, f.eqns[i][1][side])
-                        after[place].append(("transpose", [copied], [views[view]], view))
-                f.eqns[i][1][side] = views[view]
+        _copy_before_readers(f, source, readers, after, at=producer[source], n_fwd=p.n_fwd)
     if after:
         _insert(p, after)
     return p
+
+
+def _copy_before_readers(f, source, readers, after, at=None, n_fwd=0):
+    """Copy `source` once per order its `readers` [(product, side, view, order)] read it in, each copy followed
+    by the transposes they read: right after equation `at` where a forward product reads that order, else right
+    before the first product that does."""
+    for order in dict.fromkeys(order for _, _, _, order in readers):
+        reading = [(i, side, view) for i, side, view, o in readers if o == order]
+        place = at if at is not None and reading[0][0] < n_fwd else reading[0][0] - 1
+        copied = _new_like(f, source)
+        after.setdefault(place, []).append(("copy", [source], [copied], None))
+        views = {}
+        for i, side, view in reading:
+            if view not in views:
+                views[view] = copied
+                if view != tuple(range(len(view))):
+                    views[view] = _new_like(f, f.eqns[i][1][side])
+                    after[place].append(("transpose", [copied], [views[view]], view))
+            f.eqns[i][1][side] = views[view]
+
+
+def _read_in_other_orders_in_backward(p, producer):
+    """{forward elementwise value: [(backward product, side, view, order)]}: the backward's batched products that
+    cannot read a value as the forward wrote it (`_written`), but for a normalization over the dimension innermost
+    there, which XLA:GPU computes again instead (not modelled: the module's docstring)."""
+    f, out = p.flat, {}
+    for i, (prim, ins, _) in enumerate(f.eqns[p.n_fwd :], start=p.n_fwd):
+        if prim != "dot_general" or len(ins) != 2:
+            continue
+        contracting, batch = f.params[i]
+        for side in range(2):
+            source, view = _source(ins[side], f, producer)
+            j = producer.get(source)
+            if j is None or j >= p.n_fwd or not batch[side] or not _elementwise(j, f):
+                continue
+            written, shape = _written(source, p, producer), f.shape[source]
+            if _readable(written, view, contracting[side], batch[side], shape):
+                continue
+            if not _normalizes_innermost(source, f, producer, written):
+                order = _order(view, contracting[side], batch[side], side, shape)
+                out.setdefault(source, []).append((i, side, view, order))
+    return out
+
+
+def _written(x, p, producer):
+    """The order (outermost first) of the dimensions of forward elementwise value x as XLA writes it: as it lies
+    (`_lies`), or where a forward batched product cannot read that, in the order the first such product reads."""
+    f, lies = p.flat, _lies(x, p.flat, producer)
+    for i, (prim, ins, _) in enumerate(f.eqns[: p.n_fwd]):
+        if prim != "dot_general" or len(ins) != 2:
+            continue
+        contracting, batch = f.params[i]
+        for side in range(2):
+            source, view = _source(ins[side], f, producer)
+            if source == x and batch[side] and not _readable(lies, view, contracting[side], batch[side], f.shape[x]):
+                return _order(view, contracting[side], batch[side], side, f.shape[x])
+    return lies
+
+
+def _lies(x, f, producer):
+    """x's dimensions, outermost first, as the value it is computed from lies (row-major), followed back through
+    transposes (layouts) and elementwise operations of its shape and dtype (which keep their operand's layout)."""
+    perm, value = list(range(len(f.shape[x]))), x
+    while value in producer:
+        j = producer[value]
+        prim, ins, _ = f.eqns[j]
+        if prim == "transpose":
+            perm, value = [f.params[j][d] for d in perm], ins[0]
+            continue
+        same = [
+            v
+            for v in ins
+            if (f.shape[v], f.dtype[v]) == (f.shape[value], f.dtype[value]) and not _broadcast(v, f, producer)
+        ]
+        if prim not in ELEMENTWISE or prim == "broadcast_in_dim" or not same:
+            break
+        value = same[0]
+    return tuple(sorted(range(len(perm)), key=lambda d: perm[d]))
+
+
+def _elementwise(j, f):
+    """Whether equation j is an elementwise operation with one output (a fused kernel's value)."""
+    return f.eqns[j][0] in ELEMENTWISE and len(f.eqns[j][2]) == 1
+
+
+def _broadcast(v, f, producer):
+    return v in producer and f.eqns[producer[v]][0] == "broadcast_in_dim"
+
+
+def _readable(order, view, contracting, batch, shape):
+    """Whether a batched product reads an operand (per dimension, its source's: `view`) of a source lying in `order`
+    as it lies: the batch dimensions outermost in their order, then the contracted ones in their order before or
+    after the free ones (dimensions of size 1 lie anywhere)."""
+    big = [d for d in order if shape[d] != 1]
+    b = [view[d] for d in batch if shape[view[d]] != 1]
+    c = [view[d] for d in contracting if shape[view[d]] != 1]
+    rest = big[len(b) :]
+    return big[: len(b)] == b and (rest[: len(c)] == c or rest[len(rest) - len(c) :] == c)
+
+
+def _order(view, contracting, batch, side, shape):
+    """The order a batched product reads an operand in that does not lie so: (batch, free, contracted) for a left
+    operand, (batch, contracted, free) for a right one, each in its order, without dimensions of size 1."""
+    free = [d for d in range(len(view)) if d not in contracting and d not in batch]
+    runs = (free, contracting) if side == 0 else (contracting, free)
+    return tuple(view[d] for d in (*batch, *runs[0], *runs[1]) if shape[view[d]] != 1)
+
+
+def _normalizes_innermost(x, f, producer, order):
+    """Whether x is a normalization over its innermost dimension in `order` (a softmax's output): an elementwise
+    value of x's shape made from a reduction over that dimension alone of another on its way."""
+    chain, todo = set(), [x]
+    while todo:
+        v = todo.pop()
+        if v in chain or v not in producer or f.eqns[producer[v]][0] not in ELEMENTWISE or _broadcast(v, f, producer):
+            continue
+        chain.add(v)
+        todo.extend(u for u in f.eqns[producer[v]][1] if f.shape[u] == f.shape[x])
+    inner = [d for d in order if f.shape[x][d] != 1][-1:]
+    return any(
+        prim in ("reduce_sum", "reduce_max") and ins[0] in chain and [int(a) for a in axes] == inner
+        for (prim, ins, _), axes in zip(f.eqns, f.params)
+    )
 
 
 def _kernel(j, f, producer):
@@ -134,11 +262,7 @@ def _orders(view, contracting, batch, shape):
     each in its order (the first a left operand's own, the second a right
     one's), without dimensions of size 1, which lie anywhere.
     """
-    free = [d for d in range(len(view)) if d not in contracting and d not in batch]
-    orders = [
-        tuple(view[d] for d in (*batch, *first, *second) if shape[view[d]] != 1)
-        for first, second in ((free, contracting), (contracting, free))
-    ]
+    orders = [_order(view, contracting, batch, side, shape) for side in range(2)]
     return None if any(list(order) == sorted(order) for order in orders) else orders
 
 

@@ -804,10 +804,11 @@ def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward(kind, f
 
 
 def test_a_soft_cap_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
-    """Gemma 2 on every mesh of 8, 4 and 16 devices (`--families --models gemma2 --devices N`)."""
+    """Gemma 2 on every mesh of 8, 4 and 16 devices (`--families --models gemma2 --devices N`) is inside the band;
+    its top is the one-device case's of `test_deviceless`, which the stored rows stay under."""
     rows = _rows(*SOFT_CAP_RESULTS)
     capped = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _family(r) == "capped transformer"]
-    assert len(capped) == 10 + 6 + 15 and SOFT_CAP_HIGH == pytest.approx(_rounded_up(max(capped)))
+    assert len(capped) == 10 + 6 + 15 and _rounded_up(max(capped)) <= SOFT_CAP_HIGH
     pytest.importorskip("keras_hub")
     from kdist import zoo
 

@@ -36,7 +36,7 @@ def test_gemmas_score_gradient_is_written_in_each_order_its_two_products_read():
     p = _grouped_attention("bkgts")
     before = list(p.flat.eqns)
     layouts.copy_operands(p)
-    added = _written_again(before, p.flat.eqns)
+    added = [(i, e) for i, e in _written_again(before, p.flat.eqns) if e[0] != "copy"]  # the probabilities' below
     # the gradient's equation again (an add_any where jax 0.12.1's softmax backward makes it), then its new order
     assert [e[0] for _, e in added] == ["add_any" if SOFTMAX_BACKWARD_READS_PROBABILITIES else "mul", "transpose"]
     (i, again), (_, transposed) = added
@@ -45,6 +45,38 @@ def test_gemmas_score_gradient_is_written_in_each_order_its_two_products_read():
     assert i - 1 >= p.n_fwd  # in the backward, where both are made
     products = [ins for prim, ins, _ in p.flat.eqns[p.n_fwd :] if prim == "dot_general"]
     assert sum(transposed[2][0] in ins for ins in products) == 1
+
+
+def test_probabilities_lying_otherwise_are_copied_where_the_value_gradient_reads_them():
+    """jax makes "bkgts" as (b, k, s, t, g), transposed: the probabilities lie so, which the forward's product
+    (contracting s) reads, and the values' gradient (contracting g then t) cannot. XLA:GPU transposes a copy in
+    the backward (Gemma 2's `wrapped_transpose`): right before that product, from the forward's probabilities."""
+    p = _grouped_attention("bkgts")
+    before = list(p.flat.eqns)
+    layouts.copy_operands(p)
+    f = p.flat
+    ((i, (_, (probabilities,), (copied,))),) = [(i, e) for i, e in _written_again(before, f.eqns) if e[0] == "copy"]
+    forward_products = [ins for prim, ins, _ in f.eqns[: p.n_fwd] if prim == "dot_general"]
+    assert i >= p.n_fwd and f.size[copied] == SCORES and any(probabilities in ins for ins in forward_products)
+    reader = f.eqns[i + 1]
+    assert reader[0] == "dot_general" and copied in reader[1] and f.params[i + 1][0][reader[1].index(copied)] == (2, 3)
+    assert not any(probabilities in ins for prim, ins, _ in f.eqns[p.n_fwd :] if prim == "dot_general")
+
+
+def test_a_softmax_over_the_innermost_dimension_is_not_copied():
+    """Scores made as (b, k, t, g, s) (Gemma 3's, by a vmapped product) and seen as "bkgts": the softmax sums the
+    dimension innermost as they lie, one normalization kernel, which XLA:GPU runs again in the backward instead
+    of keeping the probabilities (not modelled): no copy is added, the backward reads the forward's."""
+
+    def fn(trainable, diff, const):
+        q, k, v = diff
+        scores = jax.lax.dot_general(q, k, (((4,), (3,)), ((0, 2), (0, 2))))  # (b, k, t, g, s)
+        p = jax.nn.softmax(jnp.transpose(scores, (0, 1, 3, 2, 4)), axis=-1)
+        return [jnp.einsum("bkgts,bskh->btkgh", p, v)]
+
+    p = trace.trace_program(fn, [], [], [QUERIES, KEYS, KEYS])
+    before = list(p.flat.eqns)
+    assert [e for _, e in _written_again(before, layouts.copy_operands(p).flat.eqns) if e[0] == "copy"] == []
 
 
 def test_scores_in_the_queries_order_are_read_in_place():
