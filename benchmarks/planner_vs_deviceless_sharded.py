@@ -46,7 +46,8 @@ small, ViT-Base) into planner_vs_deviceless_full_size.json.
 plans and compiles eight more keras-hub families at hidden 256 (`FAMILIES`)
 into planner_vs_deviceless_families.json (with --models gemma2 --devices 4 or
 16, Gemma 2's soft-capped attention on 4 or 16 devices, into ..._4.json and
-..._16.json, and with --models gemma2 --width 512,4 at hidden 512 and 4 layers, into ..._h512_l4.json; with
+..._16.json, and with --models gemma2 --width 512,4 at hidden 512 and 4 layers, into ..._h512_l4.json, and
+with --models gemma2 --dtype bfloat16 in bfloat16 throughout, into ..._bfloat16.json; with
 --devices 6 --batch 48 --width 384,2 --models falcon,gpt_neox,phi3, three at hidden 384 on 6
 devices, into ..._6_h384_l2.json); with --families-held-out twelve
 more, built alike after the estimate's rules were drawn (`FAMILIES_HELD_OUT`),
