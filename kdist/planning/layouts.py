@@ -74,15 +74,20 @@ def copy_operands(p):
     producer = {o: i for i, (_, _, outs) in enumerate(f.eqns) for o in outs}
     needs = {}  # source -> [(product, side, view, order)] of the batched products that cannot read it in place
     made_by_product = {}  # the same, for a forward matrix product's output (through reshapes), from either part
+    forward_values = {}  # forward elementwise value -> [(product, side, view, contracted, batch)]: every such reader
     for i, (prim, ins, _) in enumerate(f.eqns):
         if prim != "dot_general" or len(ins) != 2:
             continue
         contracting, batch = f.params[i]
         for side in range(2):
             source, view = _source(ins[side], f, producer)
-            orders = _orders(view, contracting[side], batch[side], f.shape[source])
             j = producer.get(source)
-            if orders is None or not batch[side] or j is None:
+            if not batch[side] or j is None:
+                continue
+            if j < p.n_fwd and _elementwise(j, f):
+                forward_values.setdefault(source, []).append((i, side, view, contracting[side], batch[side]))
+            orders = _orders(view, contracting[side], batch[side], f.shape[source])
+            if orders is None:
                 continue
             if _kernel(j, f, producer) == "dot_general" and j < p.n_fwd:
                 made_by_product.setdefault(source, []).append((i, side, view, orders[side]))
@@ -105,8 +110,8 @@ def copy_operands(p):
                     after[j].append(("transpose", [again], [c], view))
                 copies[source, view, order] = c
             f.eqns[i][1][side] = copies[source, view, order]
-    for source, readers in _read_in_other_orders_in_backward(p, producer).items():
-        _copy_before_readers(f, source, readers, after)
+    for source, readers in forward_values.items():
+        _copy_before_readers(f, source, _read_otherwise_in_backward(source, readers, p, producer), after)
     for source, readers in made_by_product.items():
         _copy_before_readers(f, source, readers, after, at=producer[source], n_fwd=p.n_fwd)
     if after:
@@ -133,42 +138,29 @@ def _copy_before_readers(f, source, readers, after, at=None, n_fwd=0):
             f.eqns[i][1][side] = views[view]
 
 
-def _read_in_other_orders_in_backward(p, producer):
-    """{forward elementwise value: [(backward product, side, view, order)]}: the backward's batched products that
-    cannot read a value as the forward wrote it (`_written`), but for a normalization over the dimension innermost
-    there, which XLA:GPU computes again instead (not modelled: the module's docstring)."""
-    f, out = p.flat, {}
-    for i, (prim, ins, _) in enumerate(f.eqns[p.n_fwd :], start=p.n_fwd):
-        if prim != "dot_general" or len(ins) != 2:
-            continue
-        contracting, batch = f.params[i]
-        for side in range(2):
-            source, view = _source(ins[side], f, producer)
-            j = producer.get(source)
-            if j is None or j >= p.n_fwd or not batch[side] or not _elementwise(j, f):
-                continue
-            written, shape = _written(source, p, producer), f.shape[source]
-            if _readable(written, view, contracting[side], batch[side], shape):
-                continue
-            if not _normalizes_innermost(source, f, producer, written):
-                order = _order(view, contracting[side], batch[side], side, shape)
-                out.setdefault(source, []).append((i, side, view, order))
-    return out
-
-
-def _written(x, p, producer):
-    """The order (outermost first) of the dimensions of forward elementwise value x as XLA writes it: as it lies
-    (`_lies`), or where a forward batched product cannot read that, in the order the first such product reads."""
-    f, lies = p.flat, _lies(x, p.flat, producer)
-    for i, (prim, ins, _) in enumerate(f.eqns[: p.n_fwd]):
-        if prim != "dot_general" or len(ins) != 2:
-            continue
-        contracting, batch = f.params[i]
-        for side in range(2):
-            source, view = _source(ins[side], f, producer)
-            if source == x and batch[side] and not _readable(lies, view, contracting[side], batch[side], f.shape[x]):
-                return _order(view, contracting[side], batch[side], side, f.shape[x])
-    return lies
+def _read_otherwise_in_backward(x, readers, p, producer):
+    """[(backward product, side, view, order)]: those of forward elementwise value x's batched `readers` [(product,
+    side, view, contracted, batch)] in the backward that cannot read x as the forward wrote it, none where x is a
+    normalization over the dimension innermost there, which XLA:GPU computes again instead (not modelled: the
+    module's docstring). The forward writes x as it lies (`_lies`), or where a forward product cannot read that, in
+    the order the first such product reads."""
+    f, shape = p.flat, p.flat.shape[x]
+    lies = _lies(x, f, producer)
+    written = next(
+        (
+            _order(view, contracted, batch, side, shape)
+            for i, side, view, contracted, batch in readers
+            if i < p.n_fwd and not _readable(lies, view, contracted, batch, shape)
+        ),
+        lies,
+    )
+    if _normalizes_innermost(x, f, producer, written):
+        return []
+    return [
+        (i, side, view, _order(view, contracted, batch, side, shape))
+        for i, side, view, contracted, batch in readers
+        if i >= p.n_fwd and not _readable(written, view, contracted, batch, shape)
+    ]
 
 
 def _lies(x, f, producer):
