@@ -179,14 +179,12 @@ def analyse(p, rules):
                 normalized = _normalized_operands(used, f, producer, kinds, roots, reach)
                 in_place = tuple(r for r in used if r not in normalized)
             kernels.append((i, made, maybe, used, in_place))
-    p.in_needs_buffer, p.in_readers, p.pooled = {}, {}, set()
+    p.in_needs_buffer, p.in_readers = {}, {}
     for x in external:
         readers = readers_of(x)
         p.in_needs_buffer[x] = any(
             kinds[r] == "kernel" and f.eqns[r][0] not in (POOL_GRADIENT, "broadcast_in_dim") for r in readers
         )
-        if any(f.eqns[r][0] == POOL_GRADIENT for r in readers):
-            p.pooled.add(x)
         p.in_readers[x] = len(reach[x])
     p.out_info = {}
     for o in list(p.out) + list(p.ga):
@@ -289,8 +287,7 @@ def _status(x, p, f, producer, kinds, readers_of, external, always, conditional,
     if kinds[i] in ("kernel", "reduction") or x in always:
         return "mat"
     readers, prim = readers_of(x), f.eqns[i][0]
-    relu = is_relu(f.eqns[i])
-    kernel_readers = [r for r in readers if kinds[r] == "kernel" and (relu or f.eqns[r][0] != POOL_GRADIENT)]
+    kernel_readers = [r for r in readers if kinds[r] == "kernel" and f.eqns[r][0] != POOL_GRADIENT]
     broadcast_read_in_place = (
         rules.broadcast_into_gemm
         and prim == "broadcast_in_dim"

@@ -8,6 +8,7 @@ from kdist.planning.calibration import (
     FUSED_GPU_HIGH,
     LONG_SPAN_KERNELS,
     LONG_SPAN_LOW,
+    MAX_POOL_FSDP_HIGH,
     MIXED_PRECISION_HIGH,
     MOE_FSDP_HIGH,
     MOE_HIGH,
@@ -89,13 +90,19 @@ def band(facts, axes, peak):
             f"fused attention: where the GPU does not take cuDNN's kernel the step keeps the scores (measured on an "
             f"H100: ViT-Base bf16 up to {FUSED_GPU_HIGH:.2f}x the fused estimate), so the band reaches that"
         )
-    on_model_axis = axes.get("model", 1) > 1
+    on_model_axis, on_fsdp = axes.get("model", 1) > 1, axes.get("fsdp", 1) > 1
     wider = (  # (whether the candidate has the trait, the band's top it takes, why), in this order
         (
             facts.traced.capped_scores,
             SOFT_CAP_HIGH,
             "a logit soft cap on the attention scores: XLA:GPU keeps values of the capped scores that the estimate "
             "fuses away (kdist's Gemma 2 at hidden 256 on 4 to 16 H100s, in float32 and bfloat16, came to up to",
+        ),
+        (
+            facts.traced.max_pools and on_fsdp and not on_model_axis,
+            MAX_POOL_FSDP_HIGH,
+            "a max pool on an fsdp mesh: XLA:GPU may compute its gradient's indices early in the backward, where the "
+            "estimate takes them at the pool's own backward (CNNs on fsdp meshes of 8 to 16 H100s came to up to",
         ),
         (
             facts.traced.shared_input and on_model_axis,
@@ -131,7 +138,6 @@ def band(facts, axes, peak):
             f"take over so long a run (Qwen3.5's gated delta net on 8 H100s: down to {LONG_SPAN_LOW:.2f} of the "
             "estimate), so the band reaches that"
         )
-    on_fsdp = axes.get("fsdp", 1) > 1
     moe_high = MOE_FSDP_HIGH if on_fsdp else MOE_HIGH
     if "expert" in facts.roles and math.prod(axes.values()) > 1 and moe_high > high:
         high = moe_high

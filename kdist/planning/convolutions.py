@@ -8,21 +8,25 @@ convolution kernels cuDNN reads (docs/plan.md, "Max pools" and
 
 import math
 
+from kdist.units import itemsize
+
 
 def max_pool_gradient(step, made, shape, pooled, forward_start):
     """The extra buffers of a max pool's gradient in `step`: its pooled cotangent, of `shape`, scattered into
     `made`, the gradient of input `pooled`, whose pool's forward ran from event `forward_start`.
 
     XLA:GPU finds each window's maximum again, a reduce-window writing one
-    int32 index per dimension of `shape`, then scatters into zeros of the
-    input's shape. The indices read only forward values: where a
-    collective runs in the backward before the pool's (a model axis's, a
-    combined reduction of weight gradients), XLA's latency-hiding
-    scheduler computes them early to overlap it (DenseNet121 and
-    InceptionV3 on data=8: 400-600 instructions before the pool's own
-    backward); on one device, or where every gradient is reduced after
-    it (a small CNN, ResNet50 on fsdp=16), just before it
-    (`memory_model._reduced_before`). The zeros come with them, unless
+    int32 index per dimension of `shape` beside the maxima themselves (the
+    pool's dtype; nothing reads them, they exist while it runs), then
+    scatters into zeros of the input's shape. The indices read only
+    forward values: where a collective runs in the backward before the
+    pool's (a model axis's, a combined reduction of weight gradients),
+    XLA's latency-hiding scheduler computes them early to overlap it
+    (DenseNet121 and InceptionV3 on data=8: 400-600 instructions before the
+    pool's own backward); on one device, or where every gradient is reduced
+    after it (a small CNN, ResNet50 on fsdp=16), just before it
+    (`memory_model._reduced_before`; keras-hub's VGG on data=8 computes
+    some early even so: `candidates.band` widens for it). The zeros come with them, unless
     the pool reads a ReLU's output: then XLA merges them with the zeros
     the ReLU compares with (one broadcast, written out as two buffers),
     made in the forward and alive until the backward (docs/plan.md, "Max
@@ -30,9 +34,11 @@ def max_pool_gradient(step, made, shape, pooled, forward_start):
     """
     indices = math.prod(shape) * 4 * len(shape)
     late, early = (step.new(indices, shape, "backward", "int32") for _ in range(2))
+    dtype = step.dtype[made[0]] if made else "float32"  # the pool's, as its input's gradient
+    late_max, early_max = (step.new(math.prod(shape) * itemsize(dtype), shape, "backward", dtype) for _ in range(2))
     pool = len(step.events)  # the pool's backward is the next event
-    step.overlapped.update({late: (False, pool), early: (True, pool)})
-    step.events[step.bwd_start][0].append(early)
+    step.overlapped.update({late: (False, pool), late_max: (False, pool), early: (True, pool), early_max: (True, pool)})
+    step.events[step.bwd_start][0].extend((early, early_max))
     zeros = []
     if made:
         gradient, shared = made[0], pooled in step.relu_outputs  # shared: one broadcast with the ReLU's zeros
@@ -40,9 +46,9 @@ def max_pool_gradient(step, made, shape, pooled, forward_start):
                  for _ in range(1 + shared)]  # fmt: skip
         step.overlapped.update({} if shared else {zeros[0]: (True, pool)})
         step.events[forward_start if shared else step.bwd_start][0].extend(zeros)
-        for g in (late, early, *zeros):  # split over the model axis as the gradient is: same rank and positions
+        for g in (late, early, late_max, early_max, *zeros):  # split over the model axis as the gradient is
             step.derived[g] = gradient
-    return [*made, late], (early, *zeros), tuple(zeros[:1])
+    return [*made, late, late_max], (early, *zeros), tuple(zeros[:1])
 
 
 def note_kernel_reads(step, kernel, backward, window):

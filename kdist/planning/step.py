@@ -68,6 +68,11 @@ class TracedStep:
             return "transformer"
         return "cnn" if self.convolutions else "other"
 
+    @property
+    def max_pools(self):
+        """Whether the step takes a max pool's gradient (`convolutions.max_pool_gradient`): `candidates.band`."""
+        return bool(self.step.overlapped)
+
     @functools.cached_property
     def normed_products(self):
         """Whether a weight gradient is summed from a matrix product's output alone (a norm of a sublayer's output

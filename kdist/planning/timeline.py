@@ -162,7 +162,6 @@ class Step:
             readers = self.readers.get(g, [])
             n_read = internal + sum(p.in_readers[x] for (p, _), x in readers)
             needs = g in self.forced or any(p.in_needs_buffer[x] for (p, _), x in readers)
-            needs = needs or (g in self.relu_outputs and any(x in p.pooled for (p, _), x in readers))
             needs = needs or (expensive and n_read > 1)
             p, mapping = inst
             if not needs and self.rules.bandwidth_fusion:

@@ -35,12 +35,14 @@ def test_verify_compiles_for_an_h100_without_one():
 def test_the_cublas_workspace_that_is_most_of_a_small_step_is_counted_where_the_step_peaks_at_a_gemm():
     """At batch 64 the MNIST MLP's step is a few MB, and XLA:GPU's 4 MiB cuBLAS workspace is most of what it compiles:
     the estimate counts it at the GEMM where its order peaks (1.01 and 1.17 of XLA's figure on data=2 and fsdp=2; the
-    MLP's one-run backward keeps its activations long, docs/plan.md); without it the estimate was half XLA's figure."""
+    MLP's one-run backward keeps its activations long, docs/plan.md); without it the estimate was half XLA's figure.
+    XLA's figure is never above the band's top; on fsdp=2 it is under the band an MLP borrows from the fsdp
+    transformers (down to 0.86x the estimate) since the fsdp CNNs' band, wider until 2026-12-07, narrowed."""
     result = kdist.plan(mnist_mlp, 2, batch_size=64, verify=["data=2", "fsdp=2"], verify_target="H100")
     for spec in ("data=2", "fsdp=2"):
         c = result.candidate(spec)
         assert c.workspace == GEMM_WORKSPACE and 0.95 <= c.ratio <= 1.2, (spec, c.peak, c.compiled)
-        assert c.band[0] <= c.compiled["peak"] <= c.band[1]
+        assert c.compiled["peak"] <= c.band[1] and (c.band[0] <= c.compiled["peak"]) == (spec == "data=2")
         assert c.peak - c.workspace < 0.7 * c.compiled["peak"]
     assert "each top plus the 4 MiB workspace XLA:GPU gives a cuBLAS GEMM" in "\n".join(result.notes)
 

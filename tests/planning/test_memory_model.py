@@ -328,12 +328,13 @@ def _max_pooled(padded, wide_head):
 @pytest.mark.parametrize("wide_head", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
 def test_a_max_pools_gradient_holds_indices_and_zeros_as_xla_gpu_schedules_them(monkeypatch, padded, wide_head):
-    """XLA:GPU's max-pool gradient: one int32 index per dimension of the pooled shape, scattered into zeros of the
-    input's shape. Where a collective runs in the backward before the pool's (a model axis's all-reduces, a combined
-    reduction of over 30 MB of weight gradients: a wide head's), the latency-hiding scheduler computes the indices
-    early in the backward to overlap it; on one device, or with every gradient reduced in one collective at the end,
-    they come with the pool's backward. The zeros come with them, but a pool reading a ReLU's output shares the
-    ReLU's zeros, two buffers alive from the forward (docs/plan.md, "Max pools")."""
+    """XLA:GPU's max-pool gradient: one int32 index per dimension of the pooled shape, written with each window's
+    maximum (the pool's dtype, alive while it is made), scattered into zeros of the input's shape. Where a collective
+    runs in the backward before the pool's (a model axis's all-reduces, a combined reduction of over 30 MB of weight
+    gradients: a wide head's), the latency-hiding scheduler computes the indices early in the backward to overlap it;
+    on one device, or with every gradient reduced in one collective at the end, they come with the pool's backward.
+    The zeros come with them, but a pool reading a ReLU's output shares the ReLU's zeros, two buffers alive from the
+    forward (docs/plan.md, "Max pools")."""
     seen = _recorded_factors(monkeypatch)
     model = kdist.abstract_model(_max_pooled, padded, wide_head)
     kdist.plan(model, 1, batch_size=64)
@@ -344,14 +345,15 @@ def test_a_max_pools_gradient_holds_indices_and_zeros_as_xla_gpu_schedules_them(
     step = facts.traced.step
     early = [g for g, (flag, _) in step.overlapped.items() if flag]
     late = [g for g, (flag, _) in step.overlapped.items() if not flag]
-    zeros = [g for g in step.derived if step.dtype[g] == "float32"]
     side = 34 if padded else 32
     pooled = TRACE_BATCH * (side // 2) ** 2 * 16
-    assert [step.size[g] for g in late] == [pooled * 4 * 4]  # 4 int32 indices per pooled value
+    zeros = [g for g in step.derived if step.shape[g][1:] == (side, side, 16)]
+    assert [step.size[g] for g in late] == [pooled * 4 * 4, pooled * 4]  # 4 int32 indices and the maximum
     assert [step.size[g] for g in zeros] == [TRACE_BATCH * side**2 * 16 * 4] * (1 if padded else 2)
-    assert len(early) == (2 if padded else 1)  # the indices, and the zeros of a padded input
-    born = step.lifetimes()[0]
+    assert len(early) == (3 if padded else 2)  # the indices, the maximum, and the zeros of a padded input
+    born, last = step.lifetimes()[:2]
     assert all(born[g] == step.bwd_start for g in early) and all(born[g] > step.bwd_start for g in late)
+    assert all(last[g] < born[g] for g in early + late if step.dtype[g] == "float32" and g not in zeros)  # unread
     assert all(one[g] == 0 for g in early) and all(one[g] > 0 for g in late)
     assert all((two[g] > 0) == wide_head for g in early) and all((two[g] > 0) != wide_head for g in late)
     assert all(split[g] > 0 for g in early) and all(split[g] == 0 for g in late)
