@@ -101,8 +101,8 @@ def band(facts, axes, peak):
         (
             facts.traced.max_pools and on_fsdp and not on_model_axis,
             MAX_POOL_FSDP_HIGH,
-            "a max pool on an fsdp mesh: XLA:GPU may compute its gradient's indices early in the backward, where the "
-            "estimate takes them at the pool's own backward (CNNs on fsdp meshes of 8 to 16 H100s came to up to",
+            "a max pool on an fsdp mesh: the estimate follows XLA:GPU's order around a pool's gradient on some such "
+            "steps and not on others (CNNs with max pools on fsdp meshes of 8 to 16 H100s came to up to",
         ),
         (
             facts.traced.shared_input and on_model_axis,

@@ -10,6 +10,10 @@ import math
 
 from kdist.units import itemsize
 
+# When a max pool gradient's indices are made (`Step.overlapped`, chosen per mesh by `memory_model._pool_orders`): with
+# the pool's own backward, at the start of the backward, or right after the backward's first max pool gradient.
+LATE, EARLY, AFTER_FIRST_POOL = 0, 1, 2
+
 
 def max_pool_gradient(step, made, shape, pooled, forward_start):
     """The extra buffers of a max pool's gradient in `step`: its pooled cotangent, of `shape`, scattered into
@@ -25,30 +29,42 @@ def max_pool_gradient(step, made, shape, pooled, forward_start):
     (DenseNet121 and InceptionV3 on data=8: 400-600 instructions before the
     pool's own backward); on one device, or where every gradient is reduced
     after it (a small CNN, ResNet50 on fsdp=16), just before it
-    (`memory_model._reduced_before`; keras-hub's VGG on data=8 computes
-    some early even so: `candidates.band` widens for it). The zeros come with them, unless
+    (`memory_model._pool_orders`). Where a data axis all-reduces the
+    gradients at the end, XLA computes every other pool's indices right
+    after the backward's first max pool gradient (keras-hub's VGG and a
+    three-pool toy on data=8, docs/plan.md "A ReLU before a max pool").
+    The zeros come with them, unless
     the pool reads a ReLU's output: then XLA merges them with the zeros
     the ReLU compares with (one broadcast, written out as two buffers),
     made in the forward and alive until the backward (docs/plan.md, "Max
     pools"). Returns (made, read, may write over).
     """
-    indices = math.prod(shape) * 4 * len(shape)
-    late, early = (step.new(indices, shape, "backward", "int32") for _ in range(2))
-    dtype = step.dtype[made[0]] if made else "float32"  # the pool's, as its input's gradient
-    late_max, early_max = (step.new(math.prod(shape) * itemsize(dtype), shape, "backward", dtype) for _ in range(2))
     pool = len(step.events)  # the pool's backward is the next event
-    step.overlapped.update({late: (False, pool), late_max: (False, pool), early: (True, pool), early_max: (True, pool)})
-    step.events[step.bwd_start][0].extend((early, early_max))
+    step.first_pool = pool if step.first_pool is None else step.first_pool
+    dtype = step.dtype[made[0]] if made else "float32"  # the pool's, as its input's gradient
+    after = sum(when == AFTER_FIRST_POOL for when, _ in step.overlapped.values()) // 2  # pools' before this one
+    at = {LATE: pool, EARLY: step.bwd_start, AFTER_FIRST_POOL: step.first_pool + 1 + after}  # one kernel each
+    made_here, read, written = [], [], []
+    for when in (LATE, EARLY) + ((AFTER_FIRST_POOL,) if pool > step.first_pool else ()):
+        indices = step.new(math.prod(shape) * 4 * len(shape), shape, "backward", "int32")
+        maxima = step.new(math.prod(shape) * itemsize(dtype), shape, "backward", dtype)
+        step.overlapped.update({indices: (when, pool), maxima: (when, pool)})
+        if at[when] < pool:  # made before, read by the pool's gradient
+            step.events[at[when]][0].extend((indices, maxima))
+            read.append(indices)
+        else:
+            made_here += [indices, maxima]
+        written += [indices, maxima]
     zeros = []
     if made:
         gradient, shared = made[0], pooled in step.relu_outputs  # shared: one broadcast with the ReLU's zeros
         zeros = [step.new(step.size[gradient], step.shape[gradient], "backward", step.dtype[gradient])
                  for _ in range(1 + shared)]  # fmt: skip
-        step.overlapped.update({} if shared else {zeros[0]: (True, pool)})
+        step.overlapped.update({} if shared else {zeros[0]: (EARLY, pool)})
         step.events[forward_start if shared else step.bwd_start][0].extend(zeros)
-        for g in (late, early, late_max, early_max, *zeros):  # split over the model axis as the gradient is
+        for g in (*written, *zeros):  # split over the model axis as the gradient is
             step.derived[g] = gradient
-    return [*made, late, late_max], (early, *zeros), tuple(zeros[:1])
+    return [*made, *made_here], (*read, *zeros), tuple(zeros[:1])
 
 
 def note_kernel_reads(step, kernel, backward, window):

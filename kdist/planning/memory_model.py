@@ -21,6 +21,7 @@ from kdist.meshes.layout import shard_bytes, split_by
 from kdist.planning import model_splits, partial_sums, unreduced
 from kdist.planning.branches import with_deferred_branches
 from kdist.planning.column_reductions import FEWEST_ROWS, RACE_FREE_COLUMNS
+from kdist.planning.convolutions import AFTER_FIRST_POOL, EARLY, LATE
 from kdist.planning.gradient_waits import reduction_groups, reduction_order
 from kdist.planning.timeline import TERMS
 from kdist.planning.trace import TRACE_BATCH
@@ -293,17 +294,26 @@ def merged_gemm_lasts(step, last, factor, axes):
     return last
 
 
-def _reduced_before(step, axes, factor, events):
-    """Per event of `events`: whether a collective runs in the backward before it, for XLA's scheduler to overlap
-    with work moved early (`Step.overlapped`): on a model axis its all-reduces of input gradients do, elsewhere a
-    combined reduction of weight gradients (`reduction_groups`, their bytes from `factor`) that starts before the
-    event. Never on one device or XLA:CPU (`collectives_overlap`)."""
+def _pool_orders(step, axes, factor, events):
+    """Per max pool gradient event of `events`: when XLA's scheduler makes its indices (`Step.overlapped`).
+
+    `EARLY` where a collective runs in the backward before it, to overlap
+    with them: on a model axis its all-reduces of input gradients do,
+    elsewhere a combined reduction of weight gradients (`reduction_groups`,
+    their bytes from `factor`) that starts before the event. Else, where a
+    data axis all-reduces the gradients, `AFTER_FIRST_POOL` for every pool
+    but the backward's first; `LATE` for the rest, and on one device or
+    XLA:CPU (`collectives_overlap`).
+    """
+    late = np.full(len(events), LATE)
     if not collectives_overlap(step, axes) or not step.overlapped:
-        return np.zeros(len(events), dtype=bool)
+        return late
     if axes.get("model", 1) > 1:
-        return np.ones(len(events), dtype=bool)
+        return np.full(len(events), EARLY)
     groups = reduction_groups(step, np.asarray(step.size, dtype=np.float64) * factor)
-    return events > groups[0][0] if groups else np.zeros(len(events), dtype=bool)
+    after = (events > step.first_pool) if axes.get("data", 1) > 1 else np.zeros(len(events), dtype=bool)
+    order = np.where(after, AFTER_FIRST_POOL, late)
+    return np.where(events > groups[0][0], EARLY, order) if groups else order
 
 
 def buffer_factors(facts, rows, axes, local_batch):
@@ -337,8 +347,8 @@ def buffer_factors(facts, rows, axes, local_batch):
     rep = static["rep"]  # -1 (no weight) picks the sentinel: shard 1, gathered 0
     out = np.where(static["weighty"], shard[rep], out)
     out = np.where(static["gathered"], gathered[rep], out)
-    early = _reduced_before(facts.traced.step, axes, out, static["overlapped_before"])
-    out = np.where((static["overlapped"] >= 0) & (static["overlapped"] != early), 0.0, out)
+    made = _pool_orders(facts.traced.step, axes, out, static["overlapped_before"])
+    out = np.where((static["overlapped"] >= 0) & (static["overlapped"] != made), 0.0, out)
     whole = np.where(static["batch"], local_batch * batch_shards(axes) / TRACE_BATCH, 1.0)
     if batch_shards(axes) > 1:  # gathered: the whole batch beside the device's part
         beyond_own = np.maximum(whole - own, 0.0)
@@ -375,8 +385,8 @@ def _static(facts):
         "unpartitioned": copied != np.arange(n),
         "floating": floating,
         "itemsize": np.where(sizes > 0, sizes, 1.0),
-        # 1 / 0: a buffer only where a collective runs before event "overlapped_before" / only where none does;
-        # -1: both (`Step.overlapped`, `_reduced_before`)
+        # a max pool gradient's buffer: when it is made (`convolutions.LATE`, ...), kept only on the meshes where
+        # XLA makes it then, for the pool at event "overlapped_before"; -1: any other buffer (`_pool_orders`)
         "overlapped": np.array([int(step.overlapped[g][0]) if g in step.overlapped else -1 for g in range(n)]),
         "overlapped_before": np.array([step.overlapped[g][1] if g in step.overlapped else -1 for g in range(n)]),
         "copied": copied,  # an FFT's whole copy -> the buffer it copies; any other buffer -> itself

@@ -46,9 +46,11 @@ class Step:
         # (program, local id) -> the buffer every call of it shares, computed from constants alone: the first
         # kernel making it makes it (`batched_gathers`)
         self.shared = {}
-        # buffer -> (early, event): an early buffer exists only where a collective runs in the backward before
-        # `event` for it to overlap, a late one only where none does (`convolutions.max_pool_gradient`)
+        # buffer -> (when, event): a max pool gradient's buffer made with the gradient at `event`, at the start of
+        # the backward or after its first pool's (`convolutions.LATE`, ...), each on the meshes where XLA makes it
+        # so (`memory_model._pool_orders`)
         self.overlapped = {}
+        self.first_pool = None  # the event of the backward's first max pool gradient (`convolutions`)
         self.relu_outputs = set()  # layer outputs made by a max with a constant, a ReLU's (`convolutions`)
         self.unpartitioned = {}  # whole copy XLA makes on a mesh of several devices -> the buffer (`_fft_copies`)
         # a column reduction's side output or summed float32 product -> rows it sums per example (`column_reductions`)

@@ -649,12 +649,11 @@ def test_the_two_backbones_added_last_stay_in_their_bands_in_bfloat16_and_on_16_
 
 
 def test_nine_more_backbones_name_the_rows_outside_their_bands():
-    """T5Gemma 2, Gemma 3n, PaliGemma, ViTDet, MiT and four CNNs (`--other-backbones`), compiled after every rule: eight
+    """T5Gemma 2, Gemma 3n, PaliGemma, ViTDet, MiT and four CNNs (`--other-backbones`), compiled after every rule: five
     rows more than 5% under, all inside their bands (Gemma 3n's model=8, outside its band until the model-axis band's
     top rose to 1.12, its fsdp=2,model=4 since the larger operand's split wins and its fsdp=8 (0.949) since a waiting
     kernel's gradient is born where it runs; MiT's model=8 and the ResNet's data=8, since the zero pads folded into
-    their convolutions; VGG's batch-split meshes since its ReLUs before max pools are computed again in the pools'
-    fusions, where XLA computes the pools' indices early); the 9 rows outside their bands are over, the most
+    their convolutions); the 9 rows outside their bands are over, the most
     keras-hub's ResNet with basic blocks (16 until "Convolutional steps", 12 until the pads were folded, 9 until the
     model-axis band's floor rose to 0.81, 12 until the gradients were born where their kernels run, 10 until the fsdp
     band's floor rose to 0.86, 11 until a convolution's partial sum was reduce-scattered at once, 10 until a ReLU's
@@ -669,7 +668,6 @@ def test_nine_more_backbones_name_the_rows_outside_their_bands():
         ("gemma3n", "fsdp=8", True),
         ("mit", "model=8", True),
         ("resnet", "data=8", True),
-        *(("vgg", mesh, True) for mesh in ("data=8", "data=4,fsdp=2", "data=2,fsdp=4")),
     }
     rows = [r for r in rows if r not in under]
     cnns = {"vgg", "resnet", "xception", "hgnetv2"}
@@ -834,9 +832,10 @@ def _pooled_cnn(pool):
 
 
 def test_a_max_pool_on_an_fsdp_mesh_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
-    """XLA:GPU computes a pool gradient's indices early on some fsdp steps where the estimate takes them at the pool's
-    own backward (keras-hub's VGG on data=4,fsdp=2 and data=2,fsdp=4): the band of a CNN with a max pool on an fsdp
-    mesh without a model axis reaches the most XLA's figure came to over the estimate on the stored fsdp CNN rows."""
+    """The estimate follows XLA:GPU's order around a max pool's gradient on some fsdp steps and not on others
+    (DeepLabV3's fsdp meshes, 0.914-0.920, under the fsdp CNN band until then): the band of a CNN with a max pool on
+    an fsdp mesh without a model axis reaches the most XLA's figure came to over the estimate on the stored fsdp CNN
+    rows."""
     paths = [p for p in (ROOT / "benchmarks/results").glob("planner_vs_deviceless_*.json") if "_gpu" not in p.name]
     rows = [r for path in paths for r in json.loads(path.read_text())["rows"] if r.get("band_class") == "fsdp cnns"]
     assert len(rows) > 80 and MAX_POOL_FSDP_HIGH == pytest.approx(

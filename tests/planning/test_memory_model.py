@@ -12,7 +12,7 @@ from kdist import PlanError
 from kdist.abstract import dtype_policy_scope
 from kdist.errors import ArgumentError
 from kdist.models import tiny_transformer
-from kdist.planning import comm, gradient_waits, memory_model
+from kdist.planning import comm, convolutions, gradient_waits, memory_model
 from kdist.planning.buffers import Rules
 from kdist.planning.memory_model import GEMM_WORKSPACE
 from kdist.planning.targets import DEFAULT_MARGIN, resolve_target
@@ -361,6 +361,35 @@ def test_a_max_pools_gradient_holds_indices_and_zeros_as_xla_gpu_schedules_them(
         assert zeros[0] in early
     else:  # the ReLU's: made in its forward, on every mesh
         assert all(born[g] < step.bwd_start and one[g] > 0 and two[g] > 0 for g in zeros)
+
+
+def _pooled_thrice():
+    x = images = keras.Input((32, 32, 3))
+    for width in (8, 16, 32):
+        x = keras.layers.MaxPooling2D(2)(keras.layers.Conv2D(width, 3, padding="same", activation="relu")(x))
+    return keras.Model(images, keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(x)))
+
+
+def test_where_a_data_axis_reduces_at_the_end_every_pool_but_the_first_has_its_indices_after_the_first(monkeypatch):
+    """keras-hub's VGG and a three-pool toy on data=8, one all-reduce at the end: XLA:GPU makes the backward's first
+    pool's indices with its gradient, and every other pool's right after that gradient, one after another (toy:
+    0.852 of XLA's figure with each pool's at its own gradient, 1.052 so); on fsdp=8 and one device each with its own
+    (docs/plan.md, "A ReLU before a max pool")."""
+    seen = _recorded_factors(monkeypatch)
+    model = kdist.abstract_model(_pooled_thrice)
+    kdist.plan(model, 2, batch_size=64)
+    factors = {tuple(sorted((k, v) for k, v in axes.items() if v > 1)): f for _, axes, f in seen}
+    step = seen[0][0].traced.step
+    born = step.lifetimes()[0]
+    pools = sorted({pool for _, pool in step.overlapped.values()})
+    assert len(pools) == 3 and step.first_pool == pools[0]
+    after = [g for g, (when, _) in step.overlapped.items() if when == convolutions.AFTER_FIRST_POOL]
+    assert len(after) == 4 and sorted(born[after]) == [pools[0] + 1] * 2 + [pools[0] + 2] * 2  # indices and maxima
+    for mesh, chosen in (((("data", 2),), convolutions.AFTER_FIRST_POOL), ((("fsdp", 2),), convolutions.LATE)):
+        kept = [g for g, (when, pool) in step.overlapped.items() if factors[mesh][g] > 0 and pool > pools[0]]
+        assert {step.overlapped[g][0] for g in kept} == {chosen}, mesh
+    first = [g for g, (_, pool) in step.overlapped.items() if pool == pools[0] and factors[(("data", 2),)][g] > 0]
+    assert {step.overlapped[g][0] for g in first} == {convolutions.LATE}
 
 
 class _FourierMixing(keras.layers.Layer):
