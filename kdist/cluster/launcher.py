@@ -52,10 +52,12 @@ RANK_VAR = "KDIST_PROCESS_RANK"
 MAX_PROCESSES = 1024  # one machine: more is a typo
 DEFAULT_HANG_TIMEOUT = 300.0
 DEFAULT_GRACE_PERIOD = 5.0
-# After a process fails, how long the launcher waits for others' exits before naming one: a process killed by a signal
-# is named before one that raised meanwhile (its peers' distributed runtime errors once it is gone, and on a busy
-# machine their exits can be seen first).
+# After a process fails, how long the launcher waits for others' exits before naming one: a process killed from
+# outside (`EXTERNAL_SIGNALS`: the OOM killer's, a scheduler's, a user's) is named before one that failed meanwhile
+# (its peers' distributed runtime raises or aborts once it is gone, and on a busy machine their exits can be seen
+# first). SIGABRT and SIGSEGV come from the process itself: a runtime that aborts when its peer died sends SIGABRT.
 SIGNAL_WINDOW = 0.5
+EXTERNAL_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 QUIET = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}  # TensorFlow's start-up notices
 # Gloo (the CPU collectives) prints to stdout, for every device, every time a communicator forms:
 # "[Gloo] Rank 3 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7", from several
@@ -372,16 +374,17 @@ class _Run:
                 return 0, None, f"all {self.n} processes exited with code 0", "ok"
 
     def _killed_instead(self, rank, code, finished):
-        """(rank, code) of the failure to name: a process killed by a signal, seen within `SIGNAL_WINDOW` of the first
-        failure `rank`, `code`, before it."""
+        """(rank, code) of the failure to name: a process killed from outside, seen within `SIGNAL_WINDOW` of the
+        first failure `rank`, `code`, before it."""
+        external = {-int(sig) for sig in EXTERNAL_SIGNALS}
         deadline = time.monotonic() + SIGNAL_WINDOW
-        while code > 0 and time.monotonic() < deadline:
+        while code not in external and time.monotonic() < deadline:
             try:
                 other, other_code = self.exits.get(timeout=max(deadline - time.monotonic(), 0.0))
             except queue.Empty:
                 break
             finished.add(other)
-            if other_code < 0:
+            if other_code in external:
                 return other, other_code
         return rank, code
 

@@ -170,10 +170,11 @@ def test_the_heartbeat_thread_has_ended_before_the_interpreter_exits():
     ] * 2
 
 
-def test_a_process_killed_by_a_signal_is_named_before_one_that_exits_just_before_its_kill_is_seen():
+def test_a_process_killed_from_outside_is_named_before_one_that_exits_just_before_its_kill_is_seen():
     """A peer's distributed runtime errors once a process is killed, and on a busy machine its exit can be seen first:
-    a signal seen within `SIGNAL_WINDOW` of another failure is named instead (rank 0 exits with 3 while rank 1 is
-    killed 0.1 s later)."""
+    a kill from outside (SIGKILL) seen within `SIGNAL_WINDOW` of another failure is named instead (rank 0 exits with
+    3 while rank 1 is killed 0.1 s later); a process that aborts (SIGABRT, as a runtime whose peer died does) is not
+    preferred."""
     code = (
         "import os, signal, sys, time; r = int(os.environ['KDIST_PROCESS_RANK']); time.sleep(1.0 + 0.1 * r);"
         "os.kill(os.getpid(), signal.SIGKILL) if r else sys.exit(3)"
@@ -181,6 +182,9 @@ def test_a_process_killed_by_a_signal_is_named_before_one_that_exits_just_before
     result = kdist.launch(["-c", code], num_processes=2, devices_per_process=1, stream=None)
     assert result.failed_rank == 1 and "killed by SIGKILL" in result.message
     assert result.returncodes == [3, -signal.SIGKILL]
+    aborts = code.replace("SIGKILL", "SIGABRT")
+    result = kdist.launch(["-c", aborts], num_processes=2, devices_per_process=1, stream=None)
+    assert result.failed_rank == 0 and "exited with code 3" in result.message
 
 
 def test_the_first_process_to_fail_is_named_and_timeouts_stop_the_run():
