@@ -40,12 +40,12 @@ def max_pool_gradient(step, made, shape, pooled, forward_start):
     pools"). Returns (made, read, may write over).
     """
     pool = len(step.events)  # the pool's backward is the next event
-    step.first_pool = pool if step.first_pool is None else step.first_pool
+    earlier = sorted({p for _, p in step.overlapped.values()})  # the pools the backward took before this one
     dtype = step.dtype[made[0]] if made else "float32"  # the pool's, as its input's gradient
-    after = sum(when == AFTER_FIRST_POOL for when, _ in step.overlapped.values()) // 2  # pools' before this one
-    at = {LATE: pool, EARLY: step.bwd_start, AFTER_FIRST_POOL: step.first_pool + 1 + after}  # one kernel each
+    # every earlier pool but the first made its indices after the first's, one kernel each
+    at = {LATE: pool, EARLY: step.bwd_start, AFTER_FIRST_POOL: earlier[0] + len(earlier) if earlier else pool}
     made_here, read, written = [], [], []
-    for when in (LATE, EARLY) + ((AFTER_FIRST_POOL,) if pool > step.first_pool else ()):
+    for when in (LATE, EARLY) + ((AFTER_FIRST_POOL,) if earlier else ()):
         indices = step.new(math.prod(shape) * 4 * len(shape), shape, "backward", "int32")
         maxima = step.new(math.prod(shape) * itemsize(dtype), shape, "backward", dtype)
         step.overlapped.update({indices: (when, pool), maxima: (when, pool)})

@@ -311,7 +311,8 @@ def _pool_orders(step, axes, factor, events):
     if axes.get("model", 1) > 1:
         return np.full(len(events), EARLY)
     groups = reduction_groups(step, np.asarray(step.size, dtype=np.float64) * factor)
-    after = (events > step.first_pool) if axes.get("data", 1) > 1 else np.zeros(len(events), dtype=bool)
+    first_pool = events[events >= 0].min()  # the backward's first max pool gradient
+    after = (events > first_pool) if axes.get("data", 1) > 1 else np.zeros(len(events), dtype=bool)
     order = np.where(after, AFTER_FIRST_POOL, late)
     return np.where(events > groups[0][0], EARLY, order) if groups else order
 

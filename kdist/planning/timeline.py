@@ -50,7 +50,6 @@ class Step:
         # the backward or after its first pool's (`convolutions.LATE`, ...), each on the meshes where XLA makes it
         # so (`memory_model._pool_orders`)
         self.overlapped = {}
-        self.first_pool = None  # the event of the backward's first max pool gradient (`convolutions`)
         self.relu_outputs = set()  # layer outputs made by a max with a constant, a ReLU's (`convolutions`)
         self.unpartitioned = {}  # whole copy XLA makes on a mesh of several devices -> the buffer (`_fft_copies`)
         # a column reduction's side output or summed float32 product -> rows it sums per example (`column_reductions`)
