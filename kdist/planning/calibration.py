@@ -192,6 +192,15 @@ SHARED_INPUT_HIGH = 1.23
 # above the model-axis band's top; the band of such a candidate on a GPU reaches it.
 PRODUCT_NORM_HIGH = 1.19
 
+# A gated product (a layer multiplying values computed from two merged matrix products of one input: a gated MLP,
+# `gradient_waits.gates`): XLA:GPU's fusion cost model decides, by activation, whether the merged weight-gradient GEMM's
+# operand is written from the two cotangents the estimate keeps or computed again from what they are computed from,
+# kept until it runs (docs/plan.md, "Gated products"). XLA's figure / the estimate was at most GATED_PRODUCT_HIGH on
+# GATED_PRODUCT_RESULTS (gated MLPs of six activations on 1 to 16 deviceless H100s, rounded up: tanh's the most);
+# the band of such a candidate on a GPU reaches it.
+GATED_PRODUCT_RESULTS = "benchmarks/results/gated_products_deviceless.json"
+GATED_PRODUCT_HIGH = 1.35
+
 # 16-bit compute (a mixed_bfloat16 policy, a bfloat16 or float16 model, `dtype="bfloat16"`): XLA:GPU's figure / the
 # estimate was at most MIXED_PRECISION_HIGH on every stored row computed in 16 bits (mixed_bfloat16, mixed_float16,
 # bfloat16 and float16 throughout, 2 to 16 H100s; the families with a band of their own, SHARED_INPUT_HIGH, aside),

@@ -6,6 +6,7 @@ from kdist.meshes.enumerate import spec_of
 from kdist.meshes.spec import ParallelDims
 from kdist.planning.calibration import (
     FUSED_GPU_HIGH,
+    GATED_PRODUCT_HIGH,
     LONG_SPAN_KERNELS,
     LONG_SPAN_LOW,
     MAX_POOL_FSDP_HIGH,
@@ -117,6 +118,13 @@ def band(facts, axes, peak):
             "a norm of a sublayer's output projection (Gemma's post-attention and post-MLP norms) on a model axis: "
             "XLA:GPU ran Gemma 3's weight-gradient kernels and those norms' scale-gradient sums after the whole "
             "backward, keeping what they read (Gemma 3 at hidden 512 and 1024 on 8 and 16 H100s came to up to",
+        ),
+        (
+            facts.traced.gated_products,
+            GATED_PRODUCT_HIGH,
+            "a gated product (a gated MLP): XLA:GPU's fusion cost model decides, by activation, whether it keeps the "
+            "two cotangents the estimate keeps or what they are computed from, for the merged weight-gradient GEMM "
+            "(gated MLPs of six activations on 1 to 16 H100s came to up to",
         ),
         (
             facts.act_itemsize == 2,

@@ -91,6 +91,35 @@ def normalizes_a_product(step):
     return False
 
 
+def gates(step):
+    """Whether a forward kernel other than a matrix product reads two buffers of one shape that matrix products
+    of one input make: a gated linear unit (Gemma's and Llama's MLPs, act(x Wg) * (x Wu)).
+
+    XLA:GPU's DotMerger merges their weight-gradient GEMMs, and its fusion
+    cost model decides, by activation, whether the merged GEMM's operand
+    (the two cotangents side by side) is written from the cotangents or
+    computed again from what they are computed from (the products'
+    outputs and the gradient of their product), kept until it runs: the
+    estimate keeps the cotangents (docs/plan.md, "Gated products";
+    `calibration.GATED_PRODUCT_HIGH`).
+    """
+    start = step.bwd_start if step.bwd_start is not None else len(step.events)
+    inputs = {}  # a forward matrix product's output -> the buffers it reads that are not weights or their copies
+    for t, (made, read, _) in enumerate(step.events[:start]):
+        if step.event_gemms[t]:
+            activations = frozenset(r for r in read if r not in step.weight_of)
+            inputs.update((g, activations) for g in made)
+    for t, (made, read, _) in enumerate(step.events[:start]):
+        if step.event_gemms[t]:
+            continue
+        products = [g for g in read if inputs.get(g)]
+        for i, a in enumerate(products):
+            for b in products[i + 1 :]:
+                if step.shape[a] == step.shape[b] and inputs[a] & inputs[b]:
+                    return True
+    return False
+
+
 def _next_block_gathers(step, sizes):
     """{weight-gradient kernel's event: the first event after it where another block's recomputed forward gathers
     an FSDP-split weight again (a gathered copy born in the backward, `sizes` > 0)}, for the kernels that have one.

@@ -30,7 +30,7 @@ from kdist.keras_internals import (
 )
 from kdist.planning.attention import default_attention, forced_attention
 from kdist.planning.buffers import Rules, analyse
-from kdist.planning.gradient_waits import normalizes_a_product
+from kdist.planning.gradient_waits import gates, normalizes_a_product
 from kdist.planning.layouts import copy_operands
 from kdist.planning.timeline import Step
 from kdist.planning.trace import TRACE_BATCH, Loop, label_shape, loss_reads, trace_layer, trace_loss
@@ -72,6 +72,12 @@ class TracedStep:
     def max_pools(self):
         """Whether the step takes a max pool's gradient (`convolutions.max_pool_gradient`): `candidates.band`."""
         return bool(self.step.overlapped)
+
+    @functools.cached_property
+    def gated_products(self):
+        """Whether the forward multiplies the outputs of two matrix products of one input, elementwise (a gated MLP,
+        `gradient_waits.gates`): `candidates.band`."""
+        return gates(self.step)
 
     @functools.cached_property
     def normed_products(self):

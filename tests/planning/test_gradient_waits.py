@@ -7,7 +7,10 @@ import keras
 import numpy as np
 
 import kdist
-from kdist.planning.gradient_waits import normalizes_a_product, reduction_groups, reduction_order
+from kdist.planning.facts import ModelFacts
+from kdist.planning.gradient_waits import gates, normalizes_a_product, reduction_groups, reduction_order
+from kdist.planning.step import trace_step
+from kdist.planning.targets import resolve_target
 from tests.planning.test_memory_model import _recorded_factors
 
 
@@ -177,3 +180,34 @@ def test_only_a_norm_of_a_matrix_products_output_is_found(monkeypatch):
         assert traced.normed_products == normalizes_a_product(traced.step)
         found[where] = traced.normed_products
     assert found == {"product": True, "sum": False, "input": False}
+
+
+def _mlp(kind):
+    """Two pre-norm residual MLP blocks: "gated" (tanh of one projection times another of the same input), "plain"
+    (a GELU between two projections) or "two inputs" (the product of projections of two different inputs)."""
+    tokens = keras.Input((16, 32))
+    x = tokens
+    for _ in range(2):
+        h = keras.layers.LayerNormalization()(x)
+        if kind == "gated":
+            gate = keras.layers.Activation("tanh")(keras.layers.Dense(64, use_bias=False)(h))
+            hidden = keras.layers.Multiply()([gate, keras.layers.Dense(64, use_bias=False)(h)])
+        elif kind == "plain":
+            hidden = keras.layers.Dense(64, activation="gelu")(h)
+        else:
+            hidden = keras.layers.Multiply()([keras.layers.Dense(64)(h), keras.layers.Dense(64)(x)])
+        x = keras.layers.Add()([x, keras.layers.Dense(32, use_bias=False)(hidden)])
+    return keras.Model(tokens, keras.layers.Dense(4)(x))
+
+
+def test_a_gated_product_of_two_projections_of_one_input_is_found_and_nothing_else():
+    """`gates`: the outputs of two matrix products of one input, multiplied elementwise in the forward (a gated MLP),
+    whatever the layers that compute them; not an MLP without a gate, nor a product of projections of two different
+    inputs."""
+    found = {}
+    for kind in ("gated", "plain", "two inputs"):
+        model = kdist.abstract_model(lambda k=kind: _mlp(k))
+        traced = trace_step(model, ModelFacts(model, "adam", None, None, None, resolve_target("gpu")).inputs)
+        assert traced.gated_products == gates(traced.step)
+        found[kind] = traced.gated_products
+    assert found == {"gated": True, "plain": False, "two inputs": False}
