@@ -92,8 +92,9 @@ def normalizes_a_product(step):
 
 
 def gates(step):
-    """Whether a forward kernel other than a matrix product reads two buffers of one shape that matrix products
-    of one input make: a gated linear unit (Gemma's and Llama's MLPs, act(x Wg) * (x Wu)).
+    """Whether a forward elementwise kernel reads two buffers of one shape made from matrix products of one input
+    (directly or through elementwise kernels): a gated linear unit (Gemma's and Llama's MLPs,
+    act(x Wg) * (x Wu)).
 
     XLA:GPU's DotMerger merges their weight-gradient GEMMs, and its fusion
     cost model decides, by activation, whether the merged GEMM's operand
@@ -104,15 +105,21 @@ def gates(step):
     `calibration.GATED_PRODUCT_HIGH`).
     """
     start = step.bwd_start if step.bwd_start is not None else len(step.events)
-    inputs = {}  # a forward matrix product's output -> the buffers it reads that are not weights or their copies
+    source, inputs = {}, {}  # forward buffer -> the matrix product's output it is made from; that product's reads
     for t, (made, read, _) in enumerate(step.events[:start]):
+        reads = [r for r in read if r not in step.weight_of]  # not weights or their copies
         if step.event_gemms[t]:
-            activations = frozenset(r for r in read if r not in step.weight_of)
-            inputs.update((g, activations) for g in made)
-    for t, (made, read, _) in enumerate(step.events[:start]):
-        if step.event_gemms[t]:
+            source.update((g, g) for g in made)
+            inputs.update((g, frozenset(reads)) for g in made)
             continue
-        products = [g for g in read if inputs.get(g)]
+        found = {source[r] for r in reads if r in source}
+        source.update((g, None) for g in made)
+        if step.event_kinds[t] != "elementwise":  # a fused attention reads q and k, made alike: no product
+            continue
+        if len(found) == 1 and all(r in source for r in reads):
+            source.update((g, next(iter(found))) for g in made)
+            continue
+        products = sorted(found - {None})
         for i, a in enumerate(products):
             for b in products[i + 1 :]:
                 if step.shape[a] == step.shape[b] and inputs[a] & inputs[b]:
