@@ -38,7 +38,7 @@ MESHES = {1: True, 4: True, 8: True, 16: ["data=16", "fsdp=16"]}
 HIDDEN, TOKENS, LAYERS, BATCH = 256, 256, 2, 32
 
 
-def model(activation, hidden=HIDDEN, tokens=TOKENS, layers=LAYERS):
+def model(activation):
     import keras
     from keras import ops
 
@@ -50,13 +50,13 @@ def model(activation, hidden=HIDDEN, tokens=TOKENS, layers=LAYERS):
         "silu": ops.silu,
         "gelu": lambda x: ops.gelu(x, approximate=False),
     }[activation]
-    x = tokens_in = keras.Input((tokens, hidden))
-    for i in range(layers):
+    x = tokens_in = keras.Input((TOKENS, HIDDEN))
+    for i in range(LAYERS):
         h = keras.layers.LayerNormalization(name=f"norm{i}")(x)
-        gate = keras.layers.Dense(4 * hidden, use_bias=False, name=f"gate{i}")(h)
-        up = keras.layers.Dense(4 * hidden, use_bias=False, name=f"up{i}")(h)
+        gate = keras.layers.Dense(4 * HIDDEN, use_bias=False, name=f"gate{i}")(h)
+        up = keras.layers.Dense(4 * HIDDEN, use_bias=False, name=f"up{i}")(h)
         product = keras.layers.Multiply(name=f"product{i}")([keras.layers.Activation(act, name=f"act{i}")(gate), up])
-        down = keras.layers.Dense(hidden, use_bias=False, name=f"down{i}")(product)
+        down = keras.layers.Dense(HIDDEN, use_bias=False, name=f"down{i}")(product)
         x = keras.layers.Add(name=f"residual{i}")([x, down])
     return keras.Model(tokens_in, keras.layers.Dense(16, name="head")(x))
 

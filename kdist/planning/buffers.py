@@ -26,7 +26,7 @@ ELEMENTWISE = frozenset(
     broadcast_in_dim copy copy_p atan2 rem stop_gradient bitcast_convert_type reduce_precision pad concatenate
     slice dynamic_slice rev real imag threefry2x32 random_bits random_wrap random_unwrap random_seed
     random_fold_in random_split gather select_and_gather_add optimization_barrier mul_add logaddexp stack unstack
-    split""".split()
+    split one_minus_square polynomial""".split()  # the last two: jax 0.12's (tanh's derivative, erf's series)
 )
 # Producers XLA does not duplicate into several readers (`InstructionFusion::IsExpensive`). Random bits are
 # ~20 threefry rounds per element: a dropout mask is written once, not recomputed in the backward pass.

@@ -69,8 +69,8 @@ _SAME_POSITIONS = frozenset(
     """add add_any sub mul div neg max min abs sign exp exp2 log log1p expm1 tanh logistic erf erfc erf_inv sin cos
     tan sqrt rsqrt cbrt pow integer_pow square select_n convert_element_type eq ne lt le gt ge and or not xor floor
     ceil round is_finite nextafter clamp shift_left shift_right_logical shift_right_arithmetic bitcast_convert_type
-    copy copy_p atan2 rem stop_gradient reduce_precision pad dynamic_update_slice rev mul_add
-    logaddexp cumsum cumlogsumexp cummax cummin cumprod optimization_barrier select_and_gather_add tile sort
+    copy copy_p atan2 rem stop_gradient reduce_precision pad dynamic_update_slice rev mul_add one_minus_square
+    polynomial logaddexp cumsum cumlogsumexp cummax cummin cumprod optimization_barrier select_and_gather_add tile sort
     select_and_scatter_add real imag complex conj fft
     scatter scatter-add scatter_add scatter-sub scatter_sub scatter-mul scatter_mul scatter-min scatter_min
     scatter-max scatter_max""".split()

@@ -52,6 +52,17 @@ def test_the_loss_gradient_does_not_write_over_the_logits_though_the_forward_rea
     assert readers and all(logits not in writable for *_, writable in readers)
 
 
+def test_an_activations_derivative_is_elementwise_whatever_primitives_jax_writes_it_with():
+    """The only kernels of `activation(x) @ v` and its gradient are the matrix products: jax 0.12 writes tanh's
+    derivative as `one_minus_square` and the exact GELU's series as `polynomial`, elementwise like the rest (until
+    they were in `buffers.ELEMENTWISE` each was a kernel of its own, its operand a buffer)."""
+    activations = (jnp.tanh, jax.nn.gelu, lambda x: jax.nn.gelu(x, approximate=False), jax.nn.silu, jax.nn.sigmoid)
+    for activation in activations:
+        p, _, _ = _input_gradient_kernel(activation)
+        kernels = {prim for prim, _, _ in p.flat.eqns if buffers._kind(prim) == "kernel"}
+        assert kernels == {"dot_general"}, kernels
+
+
 def test_an_elementwise_backward_writes_over_the_gradient_it_reads_last():
     p, read, writable = _input_gradient_kernel(jnp.tanh)
     g = _score_gradient(p)
