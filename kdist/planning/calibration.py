@@ -153,18 +153,6 @@ MOE_RESULTS = "benchmarks/results/planner_vs_deviceless_moe.json"
 MOE_FSDP_HIGH = 1.49
 MOE_HIGH = 1.15
 
-# A logit soft cap (a tanh over the attention scores, Gemma 2): XLA:GPU keeps values of the capped scores the estimate
-# fuses away (docs/plan.md, "Limits"). XLA's figure / the estimate was at most this on the soft-capped rows of
-# SOFT_CAP_RESULTS (Gemma 2 on every mesh of 8, 4 and 16 H100s, and of 8 in bfloat16, rounded up: fsdp=8 in bfloat16
-# the most); the band of such a candidate on a GPU reaches it. The class bands leave those rows' excess out.
-SOFT_CAP_RESULTS = (
-    FAMILIES_RESULTS,
-    "benchmarks/results/planner_vs_deviceless_families_4.json",
-    "benchmarks/results/planner_vs_deviceless_families_16.json",
-    "benchmarks/results/planner_vs_deviceless_families_bfloat16.json",
-)
-SOFT_CAP_HIGH = 1.36
-
 # Max pools on an fsdp mesh without a model axis: the estimate follows XLA:GPU's order around a pool's gradient (where
 # it computes the indices, docs/plan.md "Max pools") on some such steps and not on others. XLA's figure / the estimate
 # was at most this on the stored fsdp rows of CNNs, all with max pools above the fsdp CNN band's top (`band_class`
@@ -187,7 +175,7 @@ SHARED_INPUT_HIGH = 1.23
 # Gemma 3's weight-gradient kernels and its norms' scale-gradient sums after its whole backward, keeping what they
 # read, which the estimate does not follow (docs/plan.md, "A norm's scale gradient, waiting"). XLA's figure / the
 # estimate was at most PRODUCT_NORM_HIGH on the stored model-axis rows of such models without a band of their own
-# (a soft cap, a shared input: Gemma 3, Gemma 3n, DINOv2, DINOv3, DepthAnything, SigLIP's vision encoder): Gemma 3's
+# (a shared input: Gemma 2, Gemma 3, Gemma 3n, DINOv2, DINOv3, DepthAnything, SigLIP's vision encoder): Gemma 3's
 # data=2,model=8 at hidden 1024 on 16 H100s the most, 1.185, rounded up. Drawn on 2026-12-07 from rows that were
 # above the model-axis band's top; the band of such a candidate on a GPU reaches it.
 PRODUCT_NORM_HIGH = 1.19
@@ -220,6 +208,19 @@ MIXED_PRECISION_HIGH = 1.18
 LONG_SPAN_RESULTS = "benchmarks/results/planner_vs_deviceless_long_spans.json"
 LONG_SPAN_KERNELS = 33
 LONG_SPAN_LOW = 0.39
+
+# A softmax over a dimension not innermost as its input lies (Gemma 2's): the estimate keeps one value of its input
+# (`column_reductions.strided_normalizations`), which XLA:GPU's fusion cost model writes on some sizes and meshes and
+# not on others. XLA's figure / the estimate was at least STRIDED_LOW on STRIDED_RESULTS (Gemma 2 on every mesh of 8, 4
+# and 16 H100s, and of 8 in bfloat16: model=16 of 16 the least; rounded down); the band of such a candidate reaches
+# down to it.
+STRIDED_RESULTS = (
+    FAMILIES_RESULTS,
+    "benchmarks/results/planner_vs_deviceless_families_4.json",
+    "benchmarks/results/planner_vs_deviceless_families_16.json",
+    "benchmarks/results/planner_vs_deviceless_families_bfloat16.json",
+)
+STRIDED_LOW = 0.71
 
 # remat=True (each node of the graph recomputed in the backward, docs/plan.md "Remat, compiled"): the estimate keeps the
 # scheduler's and the waiting weight-gradient kernels' bounds, which hold more against the small values remat leaves

@@ -17,7 +17,7 @@ from kdist.planning.calibration import (
     REMAT_HIGH,
     REMAT_LOW,
     SHARED_INPUT_HIGH,
-    SOFT_CAP_HIGH,
+    STRIDED_LOW,
     band_class,
 )
 from kdist.planning.comm import communication, validity
@@ -94,12 +94,6 @@ def band(facts, axes, peak):
     on_model_axis, on_fsdp = axes.get("model", 1) > 1, axes.get("fsdp", 1) > 1
     wider = (  # (whether the candidate has the trait, the band's top it takes, why), in this order
         (
-            facts.traced.capped_scores,
-            SOFT_CAP_HIGH,
-            "a logit soft cap on the attention scores: XLA:GPU keeps values of the capped scores that the estimate "
-            "fuses away (kdist's Gemma 2 at hidden 256 on 4 to 16 H100s, in float32 and bfloat16, came to up to",
-        ),
-        (
             facts.traced.max_pools and on_fsdp and not on_model_axis,
             MAX_POOL_FSDP_HIGH,
             "a max pool on an fsdp mesh: the estimate follows XLA:GPU's order around a pool's gradient on some such "
@@ -145,6 +139,13 @@ def band(facts, axes, peak):
             "come from): the estimate keeps what it reads to its end, the scheduler's worst order, which XLA does not "
             f"take over so long a run (Qwen3.5's gated delta net on 8 H100s: down to {LONG_SPAN_LOW:.2f} of the "
             "estimate), so the band reaches that"
+        )
+    if facts.traced.strided_normalizations and STRIDED_LOW < low:
+        low = STRIDED_LOW
+        reasons.append(
+            "a softmax over a dimension that does not lie innermost (Gemma 2's grouped scores): the estimate keeps "
+            "a value of its input that XLA:GPU writes out on some sizes and meshes and computes again on others "
+            f"(Gemma 2 on 4 to 16 H100s: down to {STRIDED_LOW:.2f} of the estimate), so the band reaches that"
         )
     moe_high = MOE_FSDP_HIGH if on_fsdp else MOE_HIGH
     if "expert" in facts.roles and math.prod(axes.values()) > 1 and moe_high > high:

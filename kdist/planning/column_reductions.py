@@ -1,4 +1,5 @@
-"""A value XLA:GPU writes out beside a small column reduction: a BatchNormalization's centred input on small maps.
+"""Values XLA:GPU writes out beside column reductions: a BatchNormalization's centred input on small maps, a 16-bit
+norm's float32 scale-gradient product, the input of a softmax over a dimension that does not lie innermost.
 
 A reduction over the leading dimensions of its operand (a column reduction:
 BatchNormalization's variance over the batch, height and width) is one
@@ -12,10 +13,12 @@ is written out as its second output and kept until that reader. In the
 split reduction every reader computes it again. How many rows a device
 reduces depends on its batch shard, so the plan of each mesh decides
 (`memory_model.buffer_factors`; docs/plan.md, "Which values are buffers").
+A softmax's input (`strided_normalizations`) is counted on every mesh.
 """
 
 import math
 
+from kdist.planning.row_major import lies
 from kdist.units import HALF_FLOATS
 
 RACE_FREE_COLUMNS = 32 * 128
@@ -97,6 +100,21 @@ def widened_products(p, producer, kinds, status):
     return found
 
 
+def _computed_from(x, f, n_fwd, kinds):
+    """The forward values of x's shape computed from x through elementwise operations, x included."""
+    readers = {}
+    for j, (_, ins, _) in enumerate(f.eqns[:n_fwd]):
+        for v in ins:
+            readers.setdefault(v, []).append(j)
+    out, todo = set(), [x]
+    while todo:
+        v = todo.pop()
+        if v not in out:
+            out.add(v)
+            todo += [o for j in readers.get(v, ()) if kinds[j] == "elementwise" for o in f.eqns[j][2]]
+    return {v for v in out if f.shape[v] == f.shape[x]}
+
+
 def _column_rows(f, i):
     """Rows per batch example that equation i sums where it is a column reduction (a sum over its operand's
     leading dimensions, the batch's first, not all of them), else None."""
@@ -127,3 +145,44 @@ def _cast_up(eqn, f):
     """Whether equation `eqn` casts a 16-bit value to float32."""
     prim, ins, outs = eqn
     return prim == "convert_element_type" and bool(ins) and (f.dtype[ins[0]], f.dtype[outs[0]]) in _WIDENINGS
+
+
+def strided_normalizations(p, producer, kinds, status, reach):
+    """[(value, reduction, last reader, None)]: the input of program `p`'s forward normalizations (a maximum and a sum
+    over the same dimensions of one fused chain: a softmax) that sum a dimension not innermost as it lies.
+
+    SoftmaxRewriterTriton fuses a softmax over the innermost dimension into
+    one kernel; over another dimension (Gemma 2's scores, which lie with the
+    query groups innermost) the maximum and the sum are column reductions,
+    and XLA:GPU writes a value of their fused input chain out as a second
+    output, kept to the backward, which computes the probabilities again
+    from it: Gemma 2 in float32 the masked capped scores beside the maximum
+    (`input_reduce_select_fusion` on data=8, fsdp=8, data=4,model=2), in
+    bfloat16 on data=8 the float32 exponentials beside the sum. Which value,
+    and whether any, is its fusion cost model's choice by sizes the
+    estimate cannot read off (none in bfloat16 on Gemma 2's model meshes,
+    none in float32 from 11 examples of 256 tokens a device, where it fuses
+    the soft cap's tanh into the maximum and writes the tanh's output): the
+    estimate counts one value of the maximum's input, the safe side, and
+    the band reaches down to what XLA took then (`calibration.STRIDED_LOW`).
+    Not where the sum is longer than `RACE_FREE_COLUMNS` rows (split in two
+    reductions).
+    """
+    f, n_fwd = p.flat, p.n_fwd
+    made_by = {x: j for x, j in enumerate(producer) if j is not None}
+    reductions = {}
+    for i in range(n_fwd):
+        prim, ins, _ = f.eqns[i]
+        if prim in ("reduce_max", "reduce_sum") and ins and status[ins[0]] in ("virt", "cond"):
+            reductions.setdefault(prim, []).append((i, ins[0], tuple(int(a) for a in f.params[i] or ())))
+    found = []
+    for i, x, axes in reductions.get("reduce_max", []):
+        shape = f.shape[x]
+        computed = _computed_from(x, f, n_fwd, kinds)
+        normalizes = any(axes == other and y in computed for _, y, other in reductions.get("reduce_sum", []))
+        inner = [d for d in lies(x, f, made_by) if shape[d] != 1][-1:]
+        rows = math.prod(shape[a] for a in axes)  # 1: a softmax over one class (a loss's), nothing reduced
+        if normalizes and inner and inner[0] not in axes and 1 < rows <= RACE_FREE_COLUMNS:
+            readers = {r if isinstance(r, int) else producer[r[1]] for v in computed for r in reach[v]}
+            found.append((x, i, max(readers), None))
+    return found

@@ -27,8 +27,8 @@ has it written in (batch, free, contracted) order for a left operand and
 - A forward elementwise value a backward product cannot read as the forward
   wrote it is copied there, right before that product, from the value kept
   since the forward. Where the forward wrote it is followed back through
-  transposes and elementwise operations to the value it is computed from,
-  which lies row-major (`_lies`): Gemma 2's attention probabilities lie as
+  transposes, casts and elementwise operations to the value it is computed
+  from, which lies row-major (`row_major.lies`): Gemma 2's attention probabilities lie as
   its scores' GEMM wrote them, (b, k, s, t, g); the gradient of the values
   (contracting g and t, in that order) cannot read them so, and XLA:GPU
   transposes a copy of the kept probabilities in the backward
@@ -40,7 +40,7 @@ has it written in (batch, free, contracted) order for a left operand and
 
 `copy_operands` writes an elementwise value's extra orders within its part
 of the step as its equation again, the others as copies, each followed by
-a transpose (a layout, not a kernel: `buffers.ALIASES`). Within its part a
+a transpose (a layout, not a kernel: `primitives.ALIASES`). Within its part a
 value is taken to lie in its row-major order (XLA's default layout), seen
 through transposes. Not modelled: products without batch dimensions (MoE
 experts' weight products), for which XLA computed the value again inside
@@ -52,7 +52,8 @@ further over XLA's figures).
 
 import jax
 
-from kdist.planning.buffers import ELEMENTWISE
+from kdist.planning.primitives import ELEMENTWISE
+from kdist.planning.row_major import broadcast, lies
 
 
 def copy_operands(p):
@@ -142,17 +143,17 @@ def _read_otherwise_in_backward(x, readers, p, producer):
     """[(backward product, side, view, order)]: those of forward elementwise value x's batched `readers` [(product,
     side, view, contracted, batch)] in the backward that cannot read x as the forward wrote it, none where x is a
     normalization over the dimension innermost there, which XLA:GPU computes again instead (not modelled: the
-    module's docstring). The forward writes x as it lies (`_lies`), or where a forward product cannot read that, in
-    the order the first such product reads."""
+    module's docstring). The forward writes x as it lies (`row_major.lies`), or where a forward product cannot read
+    that, in the order the first such product reads."""
     f, shape = p.flat, p.flat.shape[x]
-    lies = _lies(x, f, producer)
+    lying = lies(x, f, producer)
     written = next(
         (
             _order(view, contracted, batch, side, shape)
             for i, side, view, contracted, batch in readers
-            if i < p.n_fwd and not _readable(lies, view, contracted, batch, shape)
+            if i < p.n_fwd and not _readable(lying, view, contracted, batch, shape)
         ),
-        lies,
+        lying,
     )
     if _normalizes_innermost(x, f, producer, written):
         return []
@@ -163,34 +164,9 @@ def _read_otherwise_in_backward(x, readers, p, producer):
     ]
 
 
-def _lies(x, f, producer):
-    """x's dimensions, outermost first, as the value it is computed from lies (row-major), followed back through
-    transposes (layouts) and elementwise operations of its shape and dtype (which keep their operand's layout)."""
-    perm, value = list(range(len(f.shape[x]))), x
-    while value in producer:
-        j = producer[value]
-        prim, ins, _ = f.eqns[j]
-        if prim == "transpose":
-            perm, value = [f.params[j][d] for d in perm], ins[0]
-            continue
-        same = [
-            v
-            for v in ins
-            if (f.shape[v], f.dtype[v]) == (f.shape[value], f.dtype[value]) and not _broadcast(v, f, producer)
-        ]
-        if prim not in ELEMENTWISE or prim == "broadcast_in_dim" or not same:
-            break
-        value = same[0]
-    return tuple(sorted(range(len(perm)), key=lambda d: perm[d]))
-
-
 def _elementwise(j, f):
     """Whether equation j is an elementwise operation with one output (a fused kernel's value)."""
     return f.eqns[j][0] in ELEMENTWISE and len(f.eqns[j][2]) == 1
-
-
-def _broadcast(v, f, producer):
-    return v in producer and f.eqns[producer[v]][0] == "broadcast_in_dim"
 
 
 def _readable(order, view, contracting, batch, shape):
@@ -218,7 +194,7 @@ def _normalizes_innermost(x, f, producer, order):
     chain, todo = set(), [x]
     while todo:
         v = todo.pop()
-        if v in chain or v not in producer or f.eqns[producer[v]][0] not in ELEMENTWISE or _broadcast(v, f, producer):
+        if v in chain or v not in producer or f.eqns[producer[v]][0] not in ELEMENTWISE or broadcast(v, f, producer):
             continue
         chain.add(v)
         todo.extend(u for u in f.eqns[producer[v]][1] if f.shape[u] == f.shape[x])

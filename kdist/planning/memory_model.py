@@ -333,7 +333,7 @@ def buffer_factors(facts, rows, axes, local_batch):
       axis alone splits it, one more part (XLA's distributed FFT); else 0;
     - a column reduction's side output (`Step.column_rows`): 0 where the
       device's rows are more than `column_reductions.RACE_FREE_COLUMNS` or
-      fewer than `FEWEST_ROWS`;
+      fewer than `FEWEST_ROWS` (a softmax's input, rows None: on every mesh);
     - with `dtype=`: float buffers in that dtype.
     """
     static = _static(facts)
@@ -391,7 +391,7 @@ def _static(facts):
         "overlapped": np.array([int(step.overlapped[g][0]) if g in step.overlapped else -1 for g in range(n)]),
         "overlapped_before": np.array([step.overlapped[g][1] if g in step.overlapped else -1 for g in range(n)]),
         "copied": copied,  # an FFT's whole copy -> the buffer it copies; any other buffer -> itself
-        "column_rows": np.array([step.column_rows.get(g, 0) for g in range(n)]),
+        "column_rows": np.array([step.column_rows.get(g) or 0 for g in range(n)]),  # 0: on every mesh
     }
     return facts._buffer_static
 

@@ -57,7 +57,6 @@ class TracedStep:
     programs: int
     notes: list
     convolutions: bool = False
-    capped_scores: bool = False  # a tanh over attention scores: a logit soft cap (Gemma 2), `candidates.band`
     labels: tuple = ()  # per output the loss reads (float, rank >= 2, in order): its labels' traced shape (`verify`)
     shared_input: bool = False  # an activation several weighted layers read (an encoder's output), `candidates.band`
 
@@ -72,6 +71,12 @@ class TracedStep:
     def max_pools(self):
         """Whether the step takes a max pool's gradient (`convolutions.max_pool_gradient`): `candidates.band`."""
         return bool(self.step.overlapped)
+
+    @property
+    def strided_normalizations(self):
+        """Whether a softmax sums a dimension not innermost as its input lies, whose input the estimate keeps
+        (`column_reductions.strided_normalizations`): `candidates.band`."""
+        return None in self.step.column_rows.values()
 
     @functools.cached_property
     def gated_products(self):
@@ -163,10 +168,9 @@ def trace_step(model, inputs, *, platform="gpu", attention=None, remat=False, ru
             "step-time estimate"
         )
     convolutions = any(name.startswith("conv_general") for name, _, _ in eqns)
-    capped = any(name == "tanh" and len(shapes[0]) >= 4 and "attention" in scope for name, shapes, scope in eqns)
     programs, shared = len(walk.programs), walk.shared_input()
     return TracedStep(
-        step, variables, platform, mode, taken, remat, seconds, programs, notes, convolutions, capped, labels, shared
+        step, variables, platform, mode, taken, remat, seconds, programs, notes, convolutions, labels, shared
     )
 
 

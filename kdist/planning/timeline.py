@@ -16,7 +16,8 @@ import math
 import numpy as np
 
 from kdist.planning import convolutions, gradient_waits, unreduced
-from kdist.planning.buffers import POOL_GRADIENT, fuse_into_readers, is_relu
+from kdist.planning.buffers import fuse_into_readers, is_relu
+from kdist.planning.primitives import POOL_GRADIENT
 from kdist.planning.trace import TRACE_BATCH
 from kdist.planning.zero_pads import folded_across
 
@@ -53,7 +54,7 @@ class Step:
         self.relu_outputs = set()  # layer outputs made by a max with a constant, a ReLU's (`convolutions`)
         self.unpartitioned = {}  # whole copy XLA makes on a mesh of several devices -> the buffer (`_fft_copies`)
         # a column reduction's side output or summed float32 product -> rows it sums per example (`column_reductions`)
-        self.column_rows = {}
+        self.column_rows = {}  # a column reduction's written value -> rows per example; None: a softmax's input
         self.widened = set()  # float32 products a weight gradient's reduction sums late (`column_reductions`)
         self.conv_kernels = {}  # variable -> [the weight a forward convolution reads, events reading it or a copy]
         self.windowed_kernels = set()  # variables a convolution reads as a kernel wider than 1 x 1 (`convolutions`)
@@ -104,10 +105,10 @@ class Step:
             mapping[x] = self.new(f.size[x] * p.index_scales.get(x, 1), f.shape[x], t, f.dtype[x])
             if shared:
                 self.shared[id(p), x] = mapping[x]
-        for v, _, _, rows in p.side_outputs:  # written out on meshes where its reduction is one kernel
+        for v, _, _, rows in p.side_outputs:  # written out on meshes where its reduction is one kernel (None: all)
             g = mapping[("side", v)] = self.new(f.size[v], f.shape[v], "activations", f.dtype[v])
-            self.column_rows[g] = rows
-            self.derived.update((g, mapping[r]) for r in p.roots[v] if f.shape[r] == f.shape[v])
+            self.column_rows[g] = rows  # split as a value it is computed from of its shape (or a transpose of it)
+            self.derived.update((g, mapping[r]) for r in p.roots[v] if sorted(f.shape[r]) == sorted(f.shape[v]))
         for x, rows in p.widened:  # written out on meshes where its reduction is one kernel
             self.widened.add(mapping[x])
             self.column_rows[mapping[x]] = rows

@@ -55,7 +55,7 @@ def test_the_loss_gradient_does_not_write_over_the_logits_though_the_forward_rea
 def test_an_activations_derivative_is_elementwise_whatever_primitives_jax_writes_it_with():
     """The only kernels of `activation(x) @ v` and its gradient are the matrix products: jax 0.12 writes tanh's
     derivative as `one_minus_square` and the exact GELU's series as `polynomial`, elementwise like the rest (until
-    they were in `buffers.ELEMENTWISE` each was a kernel of its own, its operand a buffer)."""
+    they were in `primitives.ELEMENTWISE` each was a kernel of its own, its operand a buffer)."""
     activations = (jnp.tanh, jax.nn.gelu, lambda x: jax.nn.gelu(x, approximate=False), jax.nn.silu, jax.nn.sigmoid)
     for activation in activations:
         p, _, _ = _input_gradient_kernel(activation)

@@ -49,8 +49,8 @@ from kdist.planning.calibration import (
     SHARDED_RESULTS,
     SHARED_INPUT_HIGH,
     SHORT_STEP,
-    SOFT_CAP_HIGH,
-    SOFT_CAP_RESULTS,
+    STRIDED_LOW,
+    STRIDED_RESULTS,
     band_class,
     mesh_kind,
 )
@@ -79,9 +79,10 @@ def _rows(*paths):
 
 
 def _family(row):
-    """The row's band family; Gemma 2's soft-capped attention has a band of its own reach (SOFT_CAP_HIGH)."""
+    """The row's band family; Gemma 2's softmax over a dimension not innermost has a band of its own reach (down to
+    STRIDED_LOW)."""
     if row["config"].startswith("gemma2"):
-        return "capped transformer"
+        return "strided transformer"
     cnn = re.match(r"(resnet|mobilenet|efficientnet|densenet|inception|convnext)", row["config"])
     return "cnn" if cnn else "transformer"
 
@@ -135,8 +136,8 @@ def test_every_stored_row_falls_in_the_band_of_its_class():
     assert len(rows) == 9 + 32 + 14 + 60 + 56 + 20 + 80 + 30 + 30 + 6 + 15 + 36
     for kind, family, ratio in rows:
         band, why = band_class(_axes("data=1") if kind == "single" else {kind: 2}, family.split()[-1])
-        high = max(band.high, SOFT_CAP_HIGH) if family == "capped transformer" else band.high
-        assert not why and band.low <= ratio <= high, (kind, family, ratio)
+        low = min(band.low, STRIDED_LOW) if family == "strided transformer" else band.low
+        assert not why and low <= ratio <= band.high, (kind, family, ratio)
 
 
 HELD_OUT = (
@@ -204,9 +205,10 @@ def test_fused_attention_on_a_gpu_reaches_the_most_a_measured_fused_config_took_
 
 
 def test_on_a_real_gpu_peaks_exceed_the_deviceless_compile_the_estimate_follows_by_at_most_autotuned_high():
-    """Held out on one H100 (XLA's default flags): the estimate is within 5% of XLA:GPU's compile without a GPU (but
-    under a soft cap, whose band reaches SOFT_CAP_HIGH), and the real GPU's peak exceeds that compile by at most
-    AUTOTUNED_HIGH, the most it did, rounded up."""
+    """Held out on one H100 (XLA's default flags): the estimate stored with the measurement is within 5% of XLA:GPU's
+    compile without a GPU (Gemma 2's, 0.937, within 7%: it predates `column_reductions.strided_normalizations`, which
+    takes it to 1.009, docs/plan.md), and the real GPU's peak exceeds that compile by at most AUTOTUNED_HIGH, the most
+    it did, rounded up."""
     compiled = json.loads((ROOT / MEASURED_RESULTS).read_text())["deviceless"]["configs"]
     rows = {r["config"]: r for run, r in _measured_rows() if not run["xla_flags"] and r["config"] in compiled}
     assert len(rows) == len(compiled) >= 8
@@ -214,7 +216,7 @@ def test_on_a_real_gpu_peaks_exceed_the_deviceless_compile_the_estimate_follows_
     assert AUTOTUNED_HIGH == pytest.approx(_rounded_up(max(over)))
     for label, r in rows.items():
         ratio = r["estimate"]["peak_bytes"] / compiled[label]["xla_gpu_deviceless"]
-        assert ratio >= (1 / SOFT_CAP_HIGH if _family(r) == "capped transformer" else 0.95), label
+        assert ratio >= (0.93 if label.startswith("gemma2") else 0.95), label
     notes = kdist.plan(kdist.abstract_model(tiny_transformer), 1, batch_size=16, target="H100").notes
     assert any(f"up to {AUTOTUNED_HIGH - 1:+.0%} over that compile" in note for note in notes)
 
@@ -803,26 +805,31 @@ def test_two_families_never_compiled_before_stay_under_the_top_of_their_band():
 )  # fmt: skip
 def test_a_band_made_only_of_stored_rows_is_their_spread_rounded_outward(kind, family):
     """The transformer bands and the CNN bands of sharded meshes cite only stored rows: their bounds are the
-    extremes, not fitted (soft-capped rows reach SOFT_CAP_HIGH instead of raising the class's top)."""
+    extremes, not fitted (Gemma 2's rows, whose band reaches down to STRIDED_LOW, do not set the class's top)."""
     rows = [(f, r) for k, f, r in _stored_rows() if k == kind and f.endswith(family)]
     band = next(b for b in BANDS if (b.mesh, b.family) == (kind, family))
     assert band.low == pytest.approx(_rounded_down(min(r for _, r in rows)))
     assert band.high == pytest.approx(_rounded_up(max(r for f, r in rows if f == family)))
 
 
-def test_a_soft_cap_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
-    """Gemma 2 on every mesh of 8, 4 and 16 devices and of 8 in bfloat16 (`--families --models gemma2 --devices N`,
-    `--dtype bfloat16`)."""
-    rows = _rows(*SOFT_CAP_RESULTS)
-    capped = [r["xla_gpu_deviceless"] / r["estimate"] for r in rows if _family(r) == "capped transformer"]
-    assert len(capped) == 10 + 6 + 15 + 10 and SOFT_CAP_HIGH == pytest.approx(_rounded_up(max(capped)))
-    pytest.importorskip("keras_hub")
-    from kdist import zoo
+def test_a_softmax_over_a_dimension_not_innermost_gets_a_band_down_to_the_least_xla_took_of_the_estimate():
+    """Gemma 2's grouped scores lie with the query groups innermost: the estimate keeps a value of the softmax's
+    input that XLA:GPU writes out on some sizes and meshes only (`column_reductions.strided_normalizations`).
+    STRIDED_LOW is the least XLA's figure / the estimate of Gemma 2's stored rows, rounded down; a plan of such a
+    softmax reaches down to it and says why, one over the keys innermost does not."""
+    from tests.planning.test_deviceless import GroupedAttention  # the layer the deviceless checks compile
 
-    gemma2 = kdist.plan(zoo.load_model("tiny-gemma2"), 8, batch_size=16, sequence_length=16).candidate("data=8")
-    gpt2 = kdist.plan(zoo.load_model("tiny-gpt2"), 8, batch_size=16, sequence_length=16).candidate("data=8")
-    assert gemma2.band[1] == int(gemma2.peak * SOFT_CAP_HIGH) + GEMM_WORKSPACE and "logit soft cap" in gemma2.band_why
-    assert "soft cap" not in gpt2.band_why
+    rows = [r for r in _rows(*STRIDED_RESULTS) if r["config"].startswith("gemma2")]
+    assert len(rows) == 10 + 6 + 15 + 10
+    assert STRIDED_LOW == pytest.approx(_rounded_down(min(r["xla_gpu_deviceless"] / r["estimate"] for r in rows)))
+
+    def model(groups_first):
+        x = keras.Input((64, 64))
+        return keras.Model(x, GroupedAttention(groups_first, soft_cap=50.0, causal=groups_first)(x))
+
+    strided, inner = (kdist.plan(lambda: model(first), 8, batch_size=16).candidate("data=8") for first in (True, False))
+    assert strided.band[0] == int(strided.peak * STRIDED_LOW) and "does not lie innermost" in strided.band_why
+    assert "does not lie innermost" not in inner.band_why and inner.band[0] > int(inner.peak * STRIDED_LOW)
 
 
 def _pooled_cnn(pool):
@@ -878,8 +885,8 @@ def test_an_activation_several_layers_read_gets_a_band_up_to_the_most_xla_took_o
 
 
 # The stored families with a weight gradient summed from a matrix product's output alone (`TracedStep.normed_products`:
-# Gemma's post-sublayer norms, DINOv2's layer scale) and no band of their own (a soft cap, a shared input).
-PRODUCT_NORM_FAMILIES = "gemma3 gemma3n dinov2 dinov3 depth_anything siglip_vision".split()
+# Gemma's post-sublayer norms, DINOv2's layer scale) and no band of their own (a shared input).
+PRODUCT_NORM_FAMILIES = "gemma2 gemma3 gemma3n dinov2 dinov3 depth_anything siglip_vision".split()
 
 
 def test_a_norm_of_a_sublayers_output_gets_a_band_up_to_the_most_xla_took_over_the_estimate_on_model_axes():
@@ -909,7 +916,7 @@ def test_a_norm_of_a_sublayers_output_gets_a_band_up_to_the_most_xla_took_over_t
 
 
 def test_the_other_families_are_within_5_percent_but_where_fixed_buffers_weigh():
-    """The safety rule on families no rule of the estimate was drawn from (soft caps aside): it holds wherever XLA's
+    """The safety rule on families no rule of the estimate was drawn from (Gemma 2 aside): it holds wherever XLA's
     figure is over 80 MB; under that XLA:GPU's fixed buffers (a 4 MiB cuBLAS workspace), which the estimate leaves
     to the margin, are 5% of it."""
     rows = [r for r in _rows(FAMILIES_RESULTS) if _family(r) == "transformer"]
@@ -1034,15 +1041,13 @@ def test_each_mesh_gets_the_band_of_its_class_and_the_plan_names_them():
 
 def test_16_bit_compute_gets_a_band_up_to_the_most_xla_took_over_the_estimate():
     """Every stored row computed in 16 bits (mixed_bfloat16, mixed_float16, bfloat16 and float16 throughout), but
-    those with a band of their own (an activation several layers read, a soft cap): XLA's figure never exceeds the
+    those with a band of their own (an activation several layers read): XLA's figure never exceeds the
     top of the row's band widened to MIXED_PRECISION_HIGH, the most it exceeded the estimate, rounded up; float32
     plans keep their class's. Bfloat16 rows of ESM, DINOv3, RWKV-7 and ResNet50 need it (the eight families in
     mixed_bfloat16, `--mixed-precision`, did until the model-axis band's top rose to 1.12)."""
     paths = [p for p in (ROOT / "benchmarks/results").glob("planner_vs_deviceless_*.json") if "_gpu" not in p.name]
     half = [r for path in paths for r in json.loads(path.read_text())["rows"] if "float16 " in r["config"]]
-    half = [
-        r for r in half if r["config"].split()[0] not in SHARED_INPUT_FAMILIES and _family(r) != "capped transformer"
-    ]
+    half = [r for r in half if r["config"].split()[0] not in SHARED_INPUT_FAMILIES]
     assert len(half) > 500 and MIXED_PRECISION_HIGH == pytest.approx(
         _rounded_up(max(r["xla_gpu_deviceless"] / r["estimate"] for r in half))
     )

@@ -96,3 +96,34 @@ def test_the_float32_products_are_what_xla_keeps_for_four_h100s():
     result = kdist.plan(build, 4, batch_size=64, target="H100", verify=["data=4"], verify_target="H100")
     (candidate,) = [c for c in result.candidates if c.compiled]
     assert 0.95 <= candidate.ratio <= 1.05, (candidate.peak, candidate.compiled["peak"])
+
+
+@pytest.mark.parametrize(
+    "groups_first,dtype,written",
+    [(True, "float32", True), (False, "float32", False), (True, "bfloat16", True)],
+)
+def test_a_softmax_over_keys_that_do_not_lie_innermost_keeps_a_float32_value_of_its_input(
+    monkeypatch, groups_first, dtype, written
+):
+    """Gemma 2's soft-capped, masked attention. Its scores `(b, k, g, t, s)` lie with the groups innermost (jax
+    makes them (b, k, s, t, g)): the maximum and the sum over the keys are column reductions, and XLA:GPU writes a
+    value of their input out and keeps it to the backward (the masked capped scores in float32, the exponentials in
+    bfloat16, both float32). With the queries before the groups they lie keys innermost (the causal mask, over the
+    last two dimensions, left out): one normalization kernel, nothing written. On every mesh and at any size: where
+    XLA computes it again the band's low end reaches that (`test_calibration`)."""
+    from tests.planning.test_deviceless import GroupedAttention  # the layer the deviceless checks compile
+
+    def model():
+        x = keras.Input((64, 64), dtype=dtype)
+        attention = GroupedAttention(groups_first, soft_cap=50.0, causal=groups_first, dtype=dtype)  # (t, s) masks
+        return keras.Model(x, attention(x))
+
+    step, factors = _traced(monkeypatch, model, batch_size=16)
+    assert list(step.column_rows.values()) == [None] * written  # on every mesh
+    if written:
+        (g,) = step.column_rows
+        born, last = step.lifetimes()[:2]
+        assert step.shape[g][1:] == (2, 4, 64, 64) and step.dtype[g] == "float32"
+        assert born[g] < step.bwd_start < last[g] and all(f[g] > 0 for f in factors.values())
+        cpu, _ = _traced(monkeypatch, model, batch_size=16, target="cpu")
+        assert cpu.column_rows == {}

@@ -346,14 +346,14 @@ def test_grouped_scores_that_no_product_reads_in_place_are_counted_in_each_order
 
 
 @needs_plugin
-def test_a_soft_capped_masked_attention_is_exact_at_sixteen_examples_and_inside_its_band_at_four():
-    """Gemma 2's soft cap before a causal softmax, two layers of 256 tokens on one deviceless H100. At 16
-    examples XLA:GPU's figure is the estimate's (it keeps the tanh's output for the backward, as the estimate
-    keeps the scores it recomputes the tanh from). At 4 its fusions differ: the tanh is a kernel of its own, the
-    masked capped scores are kept instead of the probabilities, and the backward writes the probabilities'
-    cotangent transposed and its product with the probabilities in two layouts, two score-sized values more at
-    its peak, which the estimate does not model. XLA's figure is then about 1.28x the estimate: inside the band a
-    plan gets for capped scores, which says why (docs/plan.md, "Eight more families")."""
+def test_a_soft_capped_masked_attention_is_exact_at_four_examples_and_inside_its_band_at_sixteen():
+    """Gemma 2's soft cap before a causal softmax over scores lying with the groups innermost, two layers of 256
+    tokens on one deviceless H100. At 4 examples XLA:GPU makes the tanh a kernel of its own and writes the masked
+    capped scores out beside the softmax's maximum, a column reduction, keeping them for the backward, as the
+    estimate does (`column_reductions.strided_normalizations`); at 16 it fuses the tanh into the maximum and writes
+    the tanh's output instead, one score-sized value less a layer than the estimate: about 0.78 of the estimate,
+    inside the band a plan gets for such a softmax, which says why. Before the rule it was exact at 16 and 1.28x
+    the estimate at 4 (docs/plan.md, "Softmaxes over a dimension not innermost")."""
 
     def model():
         x = keras.Input((256, 256))
@@ -366,9 +366,9 @@ def test_a_soft_capped_masked_attention_is_exact_at_sixteen_examples_and_inside_
         ).candidates[0]
         for batch in (16, 4)
     )
-    assert 0.99 <= big.ratio <= 1.01, (big.peak, big.compiled["peak"])
-    assert small.ratio < 0.85 and small.band[0] <= small.compiled["peak"] <= small.band[1], (small.ratio, small.band)
-    assert "soft cap" in small.band_why
+    assert 0.98 <= small.ratio <= 1.01, (small.peak, small.compiled["peak"])
+    assert big.ratio > 1.2 and big.band[0] <= big.compiled["peak"] <= big.band[1], (big.ratio, big.band)
+    assert "does not lie innermost" in big.band_why
 
 
 @needs_plugin

@@ -63,6 +63,24 @@ def test_probabilities_lying_otherwise_are_copied_where_the_value_gradient_reads
     assert not any(probabilities in ins for prim, ins, _ in f.eqns[p.n_fwd :] if prim == "dot_general")
 
 
+def test_probabilities_cast_down_lie_as_the_scores_they_are_computed_from():
+    """Gemma 2 in bfloat16: the scores cast up, a float32 softmax, the probabilities cast down for the values'
+    product. A cast keeps its operand's layout, so they lie as in float32 and are copied for the values' gradient
+    (Gemma 2's bfloat16 step on data=8 transposes a bfloat16 copy there, `wrapped_transpose`)."""
+
+    def fn(trainable, diff, const):
+        q, k, v = diff
+        scores = jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32)
+        p = jax.nn.softmax(scores, axis=-1).astype(jnp.bfloat16)
+        return [jnp.einsum("bkgts,bskh->btkgh", p, v)]
+
+    p = trace.trace_program(fn, [], [], [jax.ShapeDtypeStruct(s.shape, jnp.bfloat16) for s in (QUERIES, KEYS, KEYS)])
+    before = list(p.flat.eqns)
+    f = layouts.copy_operands(p).flat
+    ((_, (_, _, (copied,))),) = [(i, e) for i, e in _written_again(before, f.eqns) if e[0] == "copy"]
+    assert f.dtype[copied] == "bfloat16" and f.size[copied] == SCORES // 2
+
+
 def test_a_softmax_over_the_innermost_dimension_is_not_copied():
     """Scores made as (b, k, t, g, s) (Gemma 3's, by a vmapped product) and seen as "bkgts": the softmax sums the
     dimension innermost as they lie, one normalization kernel, which XLA:GPU runs again in the backward instead
