@@ -187,7 +187,7 @@ def analyse(p, rules):
     p.side_outputs = []
     if rules.platform == "gpu":
         p.side_outputs = side_outputs(p, producer, kinds, status, reach)
-        p.side_outputs += strided_normalizations(p, producer, kinds, status, reach)
+        p.side_outputs += strided_normalizations(p, producer, consumers, kinds, status, reach)
     p.merged = _merged_gemms(p, mat, producer, consumers)
     p.producer_index = {x: i for x, i in enumerate(producer) if i is not None}
     p.constants, p.index_scales = constant_values(f, producer, external), index_scales(f, roots)

@@ -100,18 +100,14 @@ def widened_products(p, producer, kinds, status):
     return found
 
 
-def _computed_from(x, f, n_fwd, kinds):
+def _computed_from(x, f, n_fwd, kinds, consumers):
     """The forward values of x's shape computed from x through elementwise operations, x included."""
-    readers = {}
-    for j, (_, ins, _) in enumerate(f.eqns[:n_fwd]):
-        for v in ins:
-            readers.setdefault(v, []).append(j)
     out, todo = set(), [x]
     while todo:
         v = todo.pop()
         if v not in out:
             out.add(v)
-            todo += [o for j in readers.get(v, ()) if kinds[j] == "elementwise" for o in f.eqns[j][2]]
+            todo += [o for j in consumers[v] if j < n_fwd and kinds[j] == "elementwise" for o in f.eqns[j][2]]
     return {v for v in out if f.shape[v] == f.shape[x]}
 
 
@@ -147,7 +143,7 @@ def _cast_up(eqn, f):
     return prim == "convert_element_type" and bool(ins) and (f.dtype[ins[0]], f.dtype[outs[0]]) in _WIDENINGS
 
 
-def strided_normalizations(p, producer, kinds, status, reach):
+def strided_normalizations(p, producer, consumers, kinds, status, reach):
     """[(value, reduction, last reader, None)]: the input of program `p`'s forward normalizations (a maximum and a sum
     over the same dimensions of one fused chain: a softmax) that sum a dimension not innermost as it lies.
 
@@ -178,7 +174,7 @@ def strided_normalizations(p, producer, kinds, status, reach):
     found = []
     for i, x, axes in reductions.get("reduce_max", []):
         shape = f.shape[x]
-        computed = _computed_from(x, f, n_fwd, kinds)
+        computed = _computed_from(x, f, n_fwd, kinds, consumers)
         normalizes = any(axes == other and y in computed for _, y, other in reductions.get("reduce_sum", []))
         inner = [d for d in lies(x, f, made_by) if shape[d] != 1][-1:]
         rows = math.prod(shape[a] for a in axes)  # 1: a softmax over one class (a loss's), nothing reduced

@@ -53,8 +53,8 @@ class Step:
         self.overlapped = {}
         self.relu_outputs = set()  # layer outputs made by a max with a constant, a ReLU's (`convolutions`)
         self.unpartitioned = {}  # whole copy XLA makes on a mesh of several devices -> the buffer (`_fft_copies`)
-        # a column reduction's side output or summed float32 product -> rows it sums per example (`column_reductions`)
-        self.column_rows = {}  # a column reduction's written value -> rows per example; None: a softmax's input
+        # a column reduction's side output or summed product -> rows it sums per example (None: on every mesh)
+        self.column_rows = {}
         self.widened = set()  # float32 products a weight gradient's reduction sums late (`column_reductions`)
         self.conv_kernels = {}  # variable -> [the weight a forward convolution reads, events reading it or a copy]
         self.windowed_kernels = set()  # variables a convolution reads as a kernel wider than 1 x 1 (`convolutions`)
